@@ -1,0 +1,73 @@
+/*  COD SKB: writing Prolog answers as JSON.
+*/
+
+:- module(cod_json,
+          [ json_write_value/2,    % +Stream, +Term
+            json_write_text/2      % +Stream, +Text
+          ]).
+:- use_module(library(http/json), []).   % for the foreign json:json_write_string/2
+
+/** <module> Prolog terms as JSON values
+
+The mapping the SKB promises its clients (docs/skb-schema.md):
+
+  - integers and floats are numbers (infinite and NaN floats are strings);
+  - atoms and strings are strings (`[]` is the empty list);
+  - proper lists are arrays;
+  - other compound terms are objects `{"functor": Name, "args": [...]}`;
+  - unbound variables are `null`.
+
+Cyclic terms must be rejected by the caller before writing.
+*/
+
+%!  json_write_value(+Stream, +Term) is det.
+json_write_value(S, V) :-
+    var(V), !,
+    write(S, null).
+json_write_value(S, V) :-
+    integer(V), !,
+    write(S, V).
+json_write_value(S, V) :-
+    float(V), !,
+    float_class(V, Class),
+    (   ( Class == infinite ; Class == nan )
+    ->  format(atom(A), '~w', [V]), json_write_text(S, A)
+    ;   write(S, V)
+    ).
+json_write_value(S, []) :- !,
+    write(S, '[]').
+json_write_value(S, V) :-
+    atom(V), !,
+    json_write_text(S, V).
+json_write_value(S, V) :-
+    string(V), !,
+    json_write_text(S, V).
+json_write_value(S, [H|T]) :-
+    is_list(T), !,
+    put_char(S, '['),
+    json_write_value(S, H),
+    json_write_elements(T, S),
+    put_char(S, ']').
+json_write_value(S, V) :-
+    compound(V), !,
+    compound_name_arguments(V, Name, Args),
+    write(S, '{"functor":'),
+    json_write_text(S, Name),
+    write(S, ',"args":'),
+    json_write_value(S, Args),
+    put_char(S, '}').
+json_write_value(S, V) :-              % blobs (streams, clause refs...)
+    format(atom(A), '~p', [V]),
+    json_write_text(S, A).
+
+json_write_elements([], _).
+json_write_elements([H|T], S) :-
+    put_char(S, ','),
+    json_write_value(S, H),
+    json_write_elements(T, S).
+
+%!  json_write_text(+Stream, +Text) is det.
+%
+%   Write an atom or string as a JSON string literal.
+json_write_text(S, Text) :-
+    json:json_write_string(S, Text).

@@ -1,0 +1,194 @@
+"""The SKB engine: facts, procedures, namespaces, answers, errors and recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from cod.facts import machines
+from cod.skb import SKB, AsyncSKB, SKBError
+
+
+@pytest.fixture(scope="module")
+def skb():
+    with SKB() as engine:
+        engine.load_machine(machines.load("magnycours"))
+        yield engine
+
+
+def test_system_predicates_of_the_paper(skb: SKB) -> None:
+    [a] = skb.execute_query(
+        "sys",
+        "get_nr_cores(N), get_list_free_cpus(F), get_list_numa_sizes(S), get_free_memory(M),"
+        "cpu_affinity(7, Core, Node), memory_affinity(3, Size, Free)",
+    )
+    assert a["N"] == 48
+    assert a["F"] == list(range(48))
+    assert a["S"] == [16 << 30] * 8
+    assert a["M"] == 8 * (16 << 30)
+    assert (a["Core"], a["Node"]) == (7, 1)
+    assert a["Size"] == a["Free"] == 16 << 30
+
+
+def test_schema_facts(skb: SKB) -> None:
+    sols = skb.execute_query("sys", "l3_domain(Cpus, Size)")
+    assert len(sols) == 8 and all(s["Size"] == 5 << 20 for s in sols)
+    assert skb.execute_query("sys", "node_distance(0, 0, D)") == [{"D": 10}]
+    assert skb.execute_query("sys", "machine_name(N)") == [{"N": "magnycours"}]
+    [s] = skb.execute_query("sys", "smt_siblings(5, L)")
+    assert s["L"] == [5]
+
+
+@pytest.mark.parametrize(
+    "goal, expected",
+    [
+        ("X = 42", 42),
+        ("X = 1.5", 1.5),
+        ("X = hello", "hello"),
+        ('X = "a string"', "a string"),
+        ("X = [1, [2, a]]", [1, [2, "a"]]),
+        ("X = []", []),
+        ("X = f(a, 1)", {"functor": "f", "args": ["a", 1]}),
+        ("X = _", None),
+        ("X = 'üñí \"q\"\\n'", 'üñí "q"\n'),
+        ("X is 2 ** 100", 2**100),
+    ],
+)
+def test_answers_are_json_values(skb: SKB, goal: str, expected: object) -> None:
+    assert skb.execute_query("json", goal) == [{"X": expected}]
+
+
+def test_all_and_first_solutions(skb: SKB) -> None:
+    assert skb.execute_query("q", "between(1, 5, X)") == [{"X": i} for i in range(1, 6)]
+    assert skb.execute_query("q", "between(1, 5, X)", all_solutions=False) == [{"X": 1}]
+    assert skb.execute_query("q", "fail") == []
+    ans = skb.query("q", "between(1, 100, X)", max_solutions=10)
+    assert len(ans["solutions"]) == 10 and ans["truncated"] is True
+    # variables starting with _ are not reported
+    assert skb.execute_query("q", "X = 1, _Y = 2") == [{"X": 1}]
+
+
+def test_facts_batch_remove_and_list(skb: SKB) -> None:
+    assert skb.add_facts("facts", ["size(a, 1)", "size(b, 2)", "size(c, 3)"]) == 3
+    assert skb.add_facts("facts", ["size(a, 1)"]) == 0  # already there: a set, not a bag
+    assert skb.execute_query("facts", "aggregate_all(sum(S), size(_, S), T)") == [{"S": None, "T": 6}]
+    assert skb.remove_facts("facts", "size(b, _)") == 1
+    assert skb.list_facts("facts", "size/2") == ["size(a,1)", "size(c,3)"]
+
+
+def test_fact_batch_is_all_or_nothing(skb: SKB) -> None:
+    with pytest.raises(SKBError) as err:
+        skb.add_facts("atomic", ["ok(1)", "ok(2", "ok(3)"])
+    assert err.value.code == "syntax_error"
+    assert err.value.data["index"] == 1
+    assert skb.list_facts("atomic") == []
+
+
+def test_syntax_error_has_line_and_column(skb: SKB) -> None:
+    with pytest.raises(SKBError) as err:
+        skb.add_procedure("syn", "good(1).\nbad(X) :-\n    foo(X,, 2).\n")
+    assert err.value.code == "syntax_error"
+    assert err.value.data["line"] == 3
+    assert err.value.data["column"] >= 5
+    assert "line 3" in err.value.message
+
+
+def test_procedures_see_own_facts_and_system_predicates(skb: SKB) -> None:
+    skb.add_facts("proc", ["wanted(4)"])
+    skb.add_procedure("proc", "enough(Yes) :- wanted(W), get_nr_cores(N), (N >= W -> Yes = yes ; Yes = no).")
+    assert skb.execute_query("proc", "enough(X)") == [{"X": "yes"}]
+
+
+def test_add_procedure_replaces_the_previous_definition(skb: SKB) -> None:
+    skb.add_procedure("repl", "v(1).\nv(2).")
+    skb.add_procedure("repl", "v(3).")
+    assert skb.execute_query("repl", "v(X)") == [{"X": 3}]
+
+
+def test_namespaces_are_separate(skb: SKB) -> None:
+    skb.add_facts("alpha", ["secret(42)"])
+    with pytest.raises(SKBError) as err:
+        skb.execute_query("beta", "secret(X)")
+    assert err.value.code == "existence"
+    with pytest.raises(SKBError) as err:
+        skb.execute_query("beta", "app_alpha:secret(X)")
+    assert err.value.code == "unsafe"
+    # the same name in two applications holds two different facts
+    skb.add_facts("beta", ["secret(7)"])
+    assert skb.execute_query("alpha", "secret(X)") == [{"X": 42}]
+    assert skb.execute_query("beta", "secret(X)") == [{"X": 7}]
+
+
+def test_drop_app_forgets_everything(skb: SKB) -> None:
+    skb.add_facts("gone", ["f(1)"])
+    skb.add_procedure("gone", "g(X) :- f(X).")
+    skb.drop_app("gone")
+    with pytest.raises(SKBError):
+        skb.execute_query("gone", "g(X)")
+
+
+def test_system_facts_written_by_trusted_callers(skb: SKB) -> None:
+    skb.replace_system_facts("allocated(db1, _)", ["allocated(db1, 0)", "allocated(db1, 1)"])
+    skb.add_system_facts(["task(db1, 100, db1)"])
+    try:
+        assert skb.execute_query("viewer", "allocated(db1, C)") == [{"C": 0}, {"C": 1}]
+        [a] = skb.execute_query("viewer", "get_list_free_cpus(F)")
+        assert 0 not in a["F"] and 2 in a["F"]
+        # the owning application still sees its cores as free for itself
+        [a] = skb.execute_query("db1", "get_list_free_cpus(F)")
+        assert 0 in a["F"]
+        with pytest.raises(SKBError) as err:
+            skb.add_system_facts(["not_in_schema(1)"])
+        assert err.value.code == "domain"
+    finally:
+        skb.remove_system_facts("allocated(db1, _)")
+        skb.remove_system_facts("task(db1, _, _)")
+
+
+def test_invalid_arguments_are_caught_before_the_engine(skb: SKB) -> None:
+    for bad in ("", "Upper", "has-dash", "x" * 65, "a b"):
+        with pytest.raises(SKBError) as err:
+            skb.add_facts(bad, ["f(1)"])
+        assert err.value.code == "invalid"
+
+
+def test_engine_death_is_survived_with_state_replayed() -> None:
+    with SKB() as engine:
+        engine.load_machine(machines.load("shanghai"))
+        engine.add_facts("keep", ["kept(1)"])
+        engine.add_procedure("keep", "twice(Y) :- kept(X), Y is 2 * X.")
+        engine.add_facts("gone", ["x(1)"])
+        engine.drop_app("gone")
+        assert engine.pid is not None
+        os.kill(engine.pid, signal.SIGKILL)
+        with pytest.raises(SKBError) as err:
+            engine.execute_query("keep", "twice(Y)")
+        assert err.value.code == "engine"
+        assert engine.restarts == 1
+        assert engine.execute_query("keep", "twice(Y)") == [{"Y": 2}]
+        assert engine.execute_query("keep", "get_nr_cores(N)") == [{"N": 16}]
+        with pytest.raises(SKBError):
+            engine.execute_query("gone", "x(X)")
+
+
+def test_async_engine() -> None:
+    async def scenario() -> None:
+        engine = await AsyncSKB.start()
+        try:
+            await engine.load_machine(machines.load("nehalem-ex"))
+            await engine.add_facts("a", ["n(1)", "n(2)"])
+            answers = await asyncio.gather(
+                engine.execute_query("a", "n(X)"), engine.execute_query("a", "get_nr_cores(N)")
+            )
+            assert answers == [[{"X": 1}, {"X": 2}], [{"N": 32}]]
+            with pytest.raises(SKBError) as err:
+                await engine.execute_query("a", "repeat, fail", timeout_s=0.2)
+            assert err.value.code in ("timeout", "resource")
+            assert await engine.execute_query("a", "n(2)") == [{}]
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())
