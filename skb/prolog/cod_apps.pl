@@ -10,6 +10,7 @@
             list_facts/3,          % +App, +PredicateOrAll, -Texts
             run_query/4,           % +App, +Text, +Options, -Answer
             register_library/1,    % +Module
+            detach_standard_streams/2, % -In, -Out
             parse_terms/4          % +Module, +Text, -TermsWithBindings, +Options
           ]).
 :- use_module(library(sandbox)).
@@ -156,7 +157,23 @@ add_facts(App, Texts, Count) :-
     must_be(list, Texts),
     app_module(App, M),
     foldl(parse_fact(M), Texts, Facts, 0, _),
+    check_fact_heads(M, Facts),
     foldl(add_fact(M), Facts, 0, Count).
+
+%   Heads are checked once per predicate: a batch usually holds many
+%   facts of few predicates.
+check_fact_heads(M, Facts) :-
+    foldl(fact_indicator, Facts, Keys, 0, _),
+    sort(1, @<, Keys, Unique),
+    forall(member(_-(I-Fact), Unique),
+           catch(check_head(M, Fact), error(E, _), throw(error(E, fact(I, Fact))))).
+
+fact_indicator(Fact, PI-(I-Fact), I, I1) :-
+    I1 is I + 1,
+    (   callable(Fact), Fact \= _:_
+    ->  functor(Fact, Name, Arity), PI = Name/Arity
+    ;   PI = '$bad'(I)
+    ).
 
 parse_fact(M, Text, Fact, I0, I) :-
     I is I0 + 1,
@@ -180,8 +197,7 @@ check_fact(_, (H-->B)) :- !,
     domain_error(fact, (H-->B)).
 check_fact(_, (:-D)) :- !,
     permission_error(execute, directive, D).
-check_fact(M, Fact) :-
-    check_head(M, Fact).
+check_fact(_, _).
 
 add_fact(M, Fact, N0, N) :-
     (   fact_present(M, Fact)
@@ -525,34 +541,30 @@ check_query_goal(M, Goal) :-
     ).
 
 %   limited(+App, :Runner, +Seconds, +Inferences)
-%   Run with the limits, and with the standard streams bound to empty
-%   streams so that application output cannot corrupt the protocol.
+%   Run with the limits, on behalf of App (see current_app/1).  The
+%   standard streams are detached from the protocol once and for all by
+%   detach_standard_streams/2, so no per-query stream juggling is needed.
 limited(App, Runner, Time, Inf) :-
+    setup_call_cleanup(
+        b_setval(cod_app, App),
+        run_limits(Runner, Time, Inf),
+        nb_setval(cod_app, [])).
+
+%!  detach_standard_streams(-ProtocolIn, -ProtocolOut) is det.
+%
+%   Bind user_input, user_output and the current streams to an empty
+%   input and a null output, and return the real standard streams for the
+%   protocol alone.  Whatever application code reads or writes can then
+%   never reach the protocol channel.
+detach_standard_streams(In, Out) :-
     stream_property(In, alias(user_input)),
     stream_property(Out, alias(user_output)),
-    stream_property(Err, alias(user_error)),
-    setup_call_cleanup(
-        ( open_string("", NullIn),
-          open_null_stream(NullOut),
-          set_stream(NullIn, alias(user_input)),
-          set_stream(NullOut, alias(user_output)),
-          set_stream(NullOut, alias(user_error)),
-          b_setval(cod_app, App)
-        ),
-        with_output_to_null(NullIn, NullOut, Runner, Time, Inf),
-        ( set_stream(In, alias(user_input)),
-          set_stream(Out, alias(user_output)),
-          set_stream(Err, alias(user_error)),
-          nb_setval(cod_app, []),
-          close(NullIn), close(NullOut)
-        )).
-
-with_output_to_null(NullIn, NullOut, Runner, Time, Inf) :-
-    setup_call_cleanup(
-        ( current_input(OldIn), current_output(OldOut),
-          set_input(NullIn), set_output(NullOut) ),
-        run_limits(Runner, Time, Inf),
-        ( set_input(OldIn), set_output(OldOut) )).
+    open_string("", NullIn),
+    open_null_stream(NullOut),
+    set_stream(NullIn, alias(user_input)),
+    set_stream(NullOut, alias(user_output)),
+    set_input(NullIn),
+    set_output(NullOut).
 
 run_limits(Runner, Time, Inf) :-
     call_with_time_limit(

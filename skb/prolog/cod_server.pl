@@ -18,8 +18,6 @@
 :- use_module(cod_apps).
 :- use_module(cod_json).
 
-:- dynamic out_stream/1.
-
 % Library files (stored_procedures/) load the schema as cod_skb(cod_sys).
 :- multifile user:file_search_path/2.
 :- prolog_load_context(directory, Dir),
@@ -33,16 +31,14 @@ main :-
     set_stream(user_output, encoding(utf8)),
     set_stream(user_output, buffer(full)),
     set_prolog_flag(toplevel_prompt, ''),
-    stream_property(Out, alias(user_output)),
-    assertz(out_stream(Out)),
+    detach_standard_streams(In, Out),
     write(Out, '{"ready":true}\n'),
     flush_output(Out),
-    serve.
+    serve(In, Out).
 
-serve :-
-    out_stream(Out),
+serve(In, Out) :-
     repeat,
-        catch(read_term(user_input, Request, []), E,
+        catch(read_term(In, Request, []), E,
               ( reply_error(Out, 0, E), fail )),
         (   Request == end_of_file
         ->  !
