@@ -1,0 +1,50 @@
+# COD: the two commands of the README, and what they need.
+#   make demo   set up everything, then run the main job
+#   make test   set up everything, then run every test
+# Both are idempotent: Debian packages are installed only when missing, the
+# virtual environment only when pyproject.toml changed.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+APT_PACKAGES := swi-prolog-nox hwloc gcc make libc6-dev
+PYTEST_ARGS ?=
+
+.PHONY: setup deps demo test bench clean
+
+setup: deps $(STAMP)
+
+deps:
+	@missing=""; \
+	for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  if [ "$$(id -u)" -eq 0 ]; then SUDO=""; else SUDO=sudo; fi; \
+	  $$SUDO apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) || { \
+	  echo "python3 -m venv failed: installing python3-venv"; \
+	  if [ "$$(id -u)" -eq 0 ]; then SUDO=""; else SUDO=sudo; fi; \
+	  $$SUDO apt-get install -y -q python3-venv && $(PYTHON) -m venv $(VENV); }
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -e '.[test]'
+	@touch $@
+
+demo: setup
+	$(VPY) clients/python/examples/demo.py
+
+test: setup
+	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	@for b in bench/*_bench.py; do echo "== $$b"; $(VPY) $$b; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
