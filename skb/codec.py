@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Iterable
 
 from .errors import SKBError
 
 APP_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
 
+_PLAIN = re.compile(r'[^\\"\x00-\x1f\x7f]*')
 _ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
 
 
@@ -24,6 +26,8 @@ def prolog_string(text: str) -> str:
     """``text`` as a double-quoted Prolog string literal (ISO escapes)."""
     if not isinstance(text, str):
         raise SKBError("invalid", f"expected a string, got {type(text).__name__}")
+    if _PLAIN.fullmatch(text):
+        return f'"{text}"'
     out = ['"']
     for ch in text:
         esc = _ESCAPES.get(ch)
@@ -131,6 +135,15 @@ def query(
     timeout_s: float,
     inference_limit: int | None,
 ) -> Op:
+    opts = _query_options(all_solutions, max_solutions, timeout_s, inference_limit)
+    return Op(f"query({app_atom(app)},{prolog_string(goal)},{opts})")
+
+
+@lru_cache(maxsize=64)
+def _query_options(
+    all_solutions: bool, max_solutions: int, timeout_s: float, inference_limit: int | None
+) -> str:
+    # Cached: queries nearly always use the same options, and this is on the hot path.
     opts = [
         f"all({'true' if all_solutions else 'false'})",
         f"max_solutions({number(int(max_solutions), 'max_solutions')})",
@@ -138,7 +151,7 @@ def query(
     ]
     if inference_limit is not None:
         opts.append(f"inference_limit({number(int(inference_limit), 'inference_limit')})")
-    return Op(f"query({app_atom(app)},{prolog_string(goal)},[{','.join(opts)}])")
+    return "[" + ",".join(opts) + "]"
 
 
 def time_query(app: str, goal: str, times: int) -> Op:
