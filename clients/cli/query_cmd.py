@@ -19,19 +19,12 @@ from cod.facts import FactsError, from_args
 from cod.skb import SKB, SKBError
 
 from .errors import UserError
-
-
-def add_machine_options(parser: argparse.ArgumentParser) -> None:
-    """The machine-source options every command that takes a machine shares."""
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--machine", metavar="NAME", help="a reference machine (magnycours, barcelona, ...)")
-    source.add_argument("--hwloc", metavar="FILE", help="an hwloc XML export")
-    source.add_argument("--sysfs-root", metavar="DIR", help="a copied Linux /sys tree")
+from .facts_cmd import add_machine_source
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("query", help="run a Prolog query against an embedded SKB")
-    add_machine_options(p)
+    add_machine_source(p)
     p.add_argument("--app", default="cli", help="application namespace (default: cli)")
     p.add_argument("--load", metavar="FILE.pl", action="append", default=[],
                    help="push the clauses of FILE as the application's procedures")

@@ -1,0 +1,50 @@
+"""`cod facts`: print the picture of a machine as JSON, Prolog facts or text."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from cod.facts import from_args, text
+from cod.facts.model import FactsError
+from cod.facts.prolog import to_prolog
+
+from .errors import UserError
+
+FORMATS = ("json", "prolog", "text")
+
+
+def add_machine_source(parser: argparse.ArgumentParser) -> None:
+    """The three mutually exclusive machine sources, for any command taking a machine."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--sysfs-root", metavar="DIR",
+                       help="discover from a copied Linux tree (DIR/sys, DIR/proc)")
+    group.add_argument("--hwloc", metavar="FILE", help="import an hwloc XML export (v1 or v2)")
+    group.add_argument("--machine", metavar="NAME",
+                       help="a reference machine (magnycours, barcelona, shanghai, nehalem-ex)")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "facts", help="show the hardware facts of a machine",
+        description="Show the hardware facts of a machine (default: this machine).")
+    add_machine_source(parser)
+    parser.add_argument("--format", choices=FORMATS, default="text",
+                        help="output format (default: text)")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        machine = from_args(sysfs_root=args.sysfs_root, hwloc=args.hwloc, machine=args.machine)
+    except FactsError as err:
+        raise UserError(str(err), 2) from None
+    if args.format == "json":
+        out = json.dumps(machine.to_dict(), indent=1) + "\n"
+    elif args.format == "prolog":
+        out = to_prolog(machine)
+    else:
+        out = text.render(machine)
+    sys.stdout.write(out)
+    return 0

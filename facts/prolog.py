@@ -1,0 +1,81 @@
+"""A Machine as Prolog facts, the text the SKB loads into its system module.
+
+The schema (names, arities and argument order are an interface: the SKB
+depends on them):
+
+    machine_name(Name).                        % atom
+    package(PkgId, CpuList).
+    numa_node(Node, MemBytes, CpuList).
+    numa_free(Node, FreeBytes).                % only where known
+    node_distance(From, To, Distance).
+    core(CoreId, Package, Node, PuList).
+    pu(Cpu, CoreId, Package, Node).            % online PUs
+    pu_offline(Cpu).
+    cache(Level, Type, SizeBytes, CpuList).    % Type: unified | data | instruction
+    allowed_cpus(CpuList).                     % when known
+    allowed_mems(NodeList).                    % when known
+    total_memory(Bytes).
+
+Every id is an OS number (see cod.facts.model).  Sizes are bytes.  A value the
+source does not give is the atom ``unknown``.  One fact per line; predicates
+in the order above, each sorted by its arguments, so equal machines give
+byte-identical text.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from .model import Machine
+
+_PLAIN_ATOM = re.compile(r"[a-z][a-zA-Z0-9_]*")
+UNKNOWN = "unknown"
+
+
+def atom(text: str) -> str:
+    """A Prolog atom for ``text``, quoted unless it is a plain lower-case name."""
+    if _PLAIN_ATOM.fullmatch(text):
+        return text
+    escaped = text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
+    escaped = "".join(ch if ch.isprintable() or ch == " " else f"\\x{ord(ch):x}\\"
+                      for ch in escaped)
+    return f"'{escaped}'"
+
+
+def _num(value: int | None) -> str:
+    return UNKNOWN if value is None else str(int(value))
+
+
+def _list(values: Iterable[int]) -> str:
+    return "[" + ",".join(str(int(v)) for v in sorted(values)) + "]"
+
+
+def facts(machine: Machine) -> list[str]:
+    """The facts, one per element, each ending in '.'."""
+    m = machine
+    out = [f"machine_name({atom(m.name)})."]
+    out += [f"package({p.id},{_list(p.cpus)})." for p in sorted(m.packages, key=lambda p: p.id)]
+    nodes = sorted(m.numa_nodes, key=lambda n: n.id)
+    out += [f"numa_node({n.id},{_num(n.memory_bytes)},{_list(n.cpus)})." for n in nodes]
+    out += [f"numa_free({n.id},{n.free_bytes})." for n in nodes if n.free_bytes is not None]
+    out += [f"node_distance({n.id},{to},{d})." for n in nodes
+            for to, d in sorted(n.distances.items())]
+    out += [f"core({c.id},{_num(c.package)},{_num(c.numa_node)},{_list(c.pus)})."
+            for c in sorted(m.cores, key=lambda c: c.id)]
+    pus = sorted(m.pus, key=lambda p: p.id)
+    out += [f"pu({p.id},{p.core},{_num(p.package)},{_num(p.numa_node)})." for p in pus if p.online]
+    out += [f"pu_offline({p.id})." for p in pus if not p.online]
+    out += [f"cache({c.level},{c.type},{_num(c.size_bytes)},{_list(c.cpus)})."
+            for c in sorted(m.caches, key=lambda c: (c.level, c.type, c.cpus, c.size_bytes or 0))]
+    if m.allowed_cpus is not None:
+        out.append(f"allowed_cpus({_list(m.allowed_cpus)}).")
+    if m.allowed_mems is not None:
+        out.append(f"allowed_mems({_list(m.allowed_mems)}).")
+    out.append(f"total_memory({_num(m.total_memory_bytes)}).")
+    return out
+
+
+def to_prolog(machine: Machine) -> str:
+    """The fact text for ``machine`` (ends with a newline)."""
+    return "\n".join(facts(machine)) + "\n"
