@@ -1,0 +1,276 @@
+"""Affinity enforcement: ``sched_setaffinity`` on every thread of a task.
+
+`RecordingEnforcer` holds what every real backend shares: the state file with
+each process's original affinity (recorded the first time COD touches it),
+restoring it on release, on close and after a crash.  `AffinityEnforcer` is
+the backend that does nothing more than pin threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+from collections.abc import Sequence
+
+from . import cgroupfs, procfs
+from .errors import EnforceError
+from .state import ProcRecord, StateStore, TaskRecord
+
+log = logging.getLogger("cod.rm.enforce")
+
+TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
+# A thread may be created while we pin its siblings; re-list this many times.
+PIN_ROUNDS = 4
+
+
+def check_task_name(task: str) -> str:
+    # Task names become cgroup directory names: no '/', no '..', bounded length.
+    if not isinstance(task, str) or not TASK_NAME.fullmatch(task):
+        raise EnforceError(
+            f"task name {task!r} is not allowed: use 1-64 of A-Z a-z 0-9 _ . : - (not starting with . : -)"
+        )
+    return task
+
+
+def set_thread_affinity(tid: int, cpus: Sequence[int], proc: str = procfs.PROC) -> bool:
+    """Pin one thread.  False when it is gone or is a kernel thread with a fixed mask."""
+    try:
+        os.sched_setaffinity(tid, cpus)
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError as err:
+        if err.errno == errno.EINVAL:
+            st = _stat_or_none(tid, proc)
+            if st is None or st.is_kernel_thread:
+                return False  # exited meanwhile, or a per-CPU kernel thread
+            raise EnforceError(
+                f"cannot pin thread {tid} to CPUs {procfs.format_cpu_list(cpus)}: "
+                "none of them is allowed (offline, or outside its cpuset)"
+            ) from err
+        if err.errno == errno.EPERM:
+            raise EnforceError(f"not permitted to pin thread {tid} (not root, not its owner)") from err
+        raise EnforceError(f"cannot pin thread {tid}: {err.strerror}") from err
+
+
+def _stat_or_none(tid: int, proc: str) -> procfs.Stat | None:
+    try:
+        return procfs.read_stat(tid, proc=proc)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def pin_process(pid: int, cpus: Sequence[int], proc: str = procfs.PROC) -> list[int]:
+    """Pin every thread of ``pid``; returns the tids pinned ([] when it is gone)."""
+    done: set[int] = set()
+    for _ in range(PIN_ROUNDS):
+        new = [t for t in procfs.thread_ids(pid, proc) if t not in done]
+        if not new:
+            break
+        for tid in new:
+            set_thread_affinity(tid, cpus, proc)  # False (gone, fixed kthread): no retry either
+            done.add(tid)
+    return sorted(t for t in done if os.path.exists(f"{proc}/{pid}/task/{t}"))
+
+
+class RecordingEnforcer:
+    """Shared part of the real backends: the record of original affinity."""
+
+    name = "abstract"
+
+    def __init__(self, state_dir: str, proc: str = procfs.PROC) -> None:
+        self.proc = proc
+        self.state = StateStore(state_dir)
+        self.cpus: dict[str, tuple[int, ...]] = {}
+        self.mems: dict[str, tuple[int, ...]] = {}
+
+    # ---- recording -------------------------------------------------------
+    def _record(self, task: str, pid: int) -> ProcRecord | None:
+        """Record ``pid``'s original state once; None when it does not exist."""
+        rec = self.state.tasks.setdefault(task, TaskRecord())
+        old = rec.procs.get(pid)
+        if old is not None and procfs.same_process(pid, old.start, self.proc):
+            return old
+        try:
+            st = procfs.read_stat(pid, proc=self.proc)
+            affinity = tuple(sorted(os.sched_getaffinity(pid)))
+            threads: dict[int, tuple[int, ...]] = {}
+            for tid in procfs.thread_ids(pid, self.proc):
+                try:
+                    mask = tuple(sorted(os.sched_getaffinity(tid)))
+                except ProcessLookupError:
+                    continue
+                if mask != affinity:
+                    threads[tid] = mask
+        except (FileNotFoundError, ProcessLookupError):
+            rec.procs.pop(pid, None)
+            return None
+        new = ProcRecord(start=st.start_time, affinity=affinity, threads=threads,
+                         cpuset=self._original_cgroup(pid))
+        rec.procs[pid] = new
+        return new
+
+    def _original_cgroup(self, pid: int) -> str | None:
+        return None  # cpuset backends say where the process was
+
+    def _restore_affinity(self, pid: int, rec: ProcRecord) -> bool:
+        """Give ``pid``'s threads back their recorded masks; False if it is gone."""
+        if not procfs.same_process(pid, rec.start, self.proc):
+            return False
+        for tid in procfs.thread_ids(pid, self.proc):
+            mask = rec.threads.get(tid, rec.affinity)
+            try:
+                set_thread_affinity(tid, mask, self.proc)
+            except EnforceError as err:
+                # The original mask may no longer be possible (CPU offlined): say so, go on.
+                log.warning("could not restore affinity of thread %d of pid %d: %s", tid, pid, err)
+        return True
+
+    def _restore_proc(self, pid: int, rec: ProcRecord) -> bool:
+        """Back to the recorded cgroup (if a cpuset run moved it) and affinity."""
+        if not procfs.same_process(pid, rec.start, self.proc):
+            return False
+        if rec.cpuset and os.path.isdir(rec.cpuset):
+            for ident in procfs.thread_ids(pid, self.proc):
+                try:
+                    cgroupfs.move_into(rec.cpuset, ident)
+                except OSError as err:
+                    log.warning("could not move %d back to %s: %s", ident, rec.cpuset, err.strerror)
+        return self._restore_affinity(pid, rec)
+
+    def _remove_task_cgroup(self, task: str, rec: TaskRecord) -> list[str]:
+        """Remove the task's cgroup (``MOUNT/PARENT/TASK``), evicting leftovers to MOUNT."""
+        if not rec.cgroup:
+            return []
+        done = [f"removed cgroup {rec.cgroup}"] if self._remove_cgroup(rec.cgroup) else []
+        self._remove_parent_if_unused(os.path.dirname(rec.cgroup))
+        return done
+
+    def _remove_parent_if_unused(self, parent: str) -> None:
+        # A crashed cpuset run's parent, cleaned by a run that uses no cgroups.
+        try:
+            if not any(os.path.isdir(os.path.join(parent, n)) for n in os.listdir(parent)):
+                os.rmdir(parent)
+        except OSError:
+            pass
+
+    def _remove_cgroup(self, path: str) -> bool:
+        mount = os.path.dirname(os.path.dirname(path))
+        try:
+            return cgroupfs.remove_cgroup(path, evict_to=mount)
+        except OSError as err:
+            raise EnforceError(f"cannot remove cgroup {path}: {err.strerror}") from err
+
+    # ---- Enforcer interface ------------------------------------------------
+    def apply(self, task: str, pids: Sequence[int], cpus: Sequence[int], mems: Sequence[int]) -> list[int]:
+        """Confine ``task`` (exactly these pids) to ``cpus``/``mems``; returns the live pids.
+
+        Pids the task held before but not now get their original affinity back.
+        Pids that exited are skipped (and forgotten)."""
+        check_task_name(task)
+        try:
+            cpus = procfs.check_ids("cpus", cpus)
+            mems = procfs.check_ids("mems", mems)
+        except ValueError as err:
+            raise EnforceError(f"task {task}: {err}") from err
+        rec = self.state.tasks.setdefault(task, TaskRecord())
+        before = {p: r.start for p, r in rec.procs.items()}
+        for old_pid in [p for p in rec.procs if p not in set(pids)]:
+            self._restore_proc(old_pid, rec.procs.pop(old_pid))
+        live = [p for p in pids if self._record(task, p) is not None]
+        if {p: r.start for p, r in rec.procs.items()} != before or task not in self.cpus:
+            self.state.save()  # before touching anything: a crash from here on is undoable
+        self.cpus[task], self.mems[task] = cpus, mems
+        applied = self._enforce(task, live, cpus, mems)
+        gone = [p for p in live if p not in applied]
+        for p in gone:
+            rec.procs.pop(p, None)
+        if gone:
+            self.state.save()
+        return applied
+
+    def _enforce(self, task: str, pids: list[int], cpus: tuple[int, ...], mems: tuple[int, ...]) -> list[int]:
+        raise NotImplementedError
+
+    def add_thread(self, task: str, tid: int) -> bool:
+        """Pin a thread (or child) that appeared in ``task`` after apply(); False if gone."""
+        if task not in self.cpus:
+            raise EnforceError(f"task {task!r} has not been applied")
+        return self._add_thread(task, tid)
+
+    def _add_thread(self, task: str, tid: int) -> bool:
+        return set_thread_affinity(tid, self.cpus[task], self.proc)
+
+    def forget_pid(self, task: str, pid: int) -> None:
+        """An exit event: drop ``pid``'s record without touching anything."""
+        rec = self.state.tasks.get(task)
+        if rec is not None and rec.procs.pop(pid, None) is not None:
+            self.state.save()
+
+    def release(self, task: str) -> None:
+        """Undo everything done to ``task``; unknown tasks are ignored (idempotent)."""
+        rec = self.state.tasks.pop(task, None)
+        self.cpus.pop(task, None)
+        self.mems.pop(task, None)
+        if rec is None:
+            return
+        for pid, prec in rec.procs.items():
+            self._restore_proc(pid, prec)
+        self._remove_task_cgroup(task, rec)
+        self.state.save()
+
+    def tasks(self) -> dict[str, list[int]]:
+        return {t: sorted(r.procs) for t, r in self.state.tasks.items()}
+
+    def cleanup_stale(self) -> list[str]:
+        """Undo what a previous (crashed) owner of the state directory left; says what it did."""
+        done: list[str] = []
+        for task, rec in sorted(self.state.stale.items()):
+            for pid, prec in sorted(rec.procs.items()):
+                if self._restore_proc(pid, prec):
+                    done.append(f"restored pid {pid} of task {task} to CPUs {procfs.format_cpu_list(prec.affinity)}")
+            done.extend(self._remove_task_cgroup(task, rec))
+        self.state.stale.clear()
+        done.extend(self._cleanup_extra())
+        self.state.save()
+        for line in done:
+            log.info("cleanup after previous run: %s", line)
+        return done
+
+    def _cleanup_extra(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        """Clean exit: release every task, then drop the state file and the lock."""
+        for task in list(self.state.tasks):
+            self.release(task)
+        self._close_backend()
+        if not self.state.stale:
+            try:
+                os.unlink(self.state.path)
+            except FileNotFoundError:
+                pass
+        self.state.close()
+
+    def _close_backend(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class AffinityEnforcer(RecordingEnforcer):
+    """Pins threads with sched_setaffinity; memory placement is left to the kernel."""
+
+    name = "affinity"
+
+    def describe(self) -> str:
+        return "affinity (sched_setaffinity on every thread; no cgroups)"
+
+    def _enforce(self, task: str, pids: list[int], cpus: tuple[int, ...], mems: tuple[int, ...]) -> list[int]:
+        return [p for p in pids if pin_process(p, cpus, self.proc)]

@@ -1,0 +1,129 @@
+"""The enforcement interface the RM's policy calls, and the choice of backend.
+
+Policy (the allocator, the RM) never calls the kernel: it hands an `Enforcer`
+a task name, its pids and the CPUs/memory nodes it should have.  Backends:
+
+* ``affinity`` -- `AffinityEnforcer`: sched_setaffinity on every thread;
+* ``cpuset``   -- `CpusetV1Enforcer` / `CpusetV2Enforcer`: a cgroup per task;
+* ``none``     -- `NullEnforcer`: records nothing, changes nothing.
+
+`detect()` picks one from the ``--enforce`` mode and what this process may do,
+and returns a one-line description for the log.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+from .affinity import AffinityEnforcer, check_task_name
+from .cgroupfs import MOUNTS, find_cpuset_mount
+from .cpuset import CpusetV1Enforcer, CpusetV2Enforcer
+from .errors import EnforceError
+
+log = logging.getLogger("cod.rm.enforce")
+
+MODES = ("affinity", "cpuset", "none")
+
+
+@runtime_checkable
+class Enforcer(Protocol):
+    name: str
+
+    def describe(self) -> str: ...
+
+    def apply(self, task: str, pids: Sequence[int], cpus: Sequence[int], mems: Sequence[int]) -> list[int]:
+        """Confine the task's pids (all threads) to cpus/mems; returns the live pids."""
+
+    def add_thread(self, task: str, tid: int) -> bool:
+        """Confine a thread/child born after apply(); False when it is already gone."""
+
+    def forget_pid(self, task: str, pid: int) -> None:
+        """The pid exited: drop its record."""
+
+    def release(self, task: str) -> None:
+        """Restore original affinity/cgroup of the task's processes; idempotent."""
+
+    def cleanup_stale(self) -> list[str]:
+        """Undo what a crashed previous run left behind; one line per action."""
+
+    def close(self) -> None:
+        """Release every task and free the state directory."""
+
+
+class NullEnforcer:
+    """``--enforce none``: the RM computes plans and notifies, the kernel is untouched."""
+
+    name = "none"
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, list[int]] = {}
+
+    def describe(self) -> str:
+        return "none (plans are computed and notified, nothing is pinned)"
+
+    def apply(self, task: str, pids: Sequence[int], cpus: Sequence[int], mems: Sequence[int]) -> list[int]:
+        check_task_name(task)
+        self._tasks[task] = list(pids)
+        return [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+    def add_thread(self, task: str, tid: int) -> bool:
+        return os.path.exists(f"/proc/{tid}")
+
+    def forget_pid(self, task: str, pid: int) -> None:
+        if pid in self._tasks.get(task, []):
+            self._tasks[task].remove(pid)
+
+    def release(self, task: str) -> None:
+        self._tasks.pop(task, None)
+
+    def cleanup_stale(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        self._tasks.clear()
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def default_state_dir() -> str:
+    """``/run/cod`` as root; else ``$XDG_RUNTIME_DIR/cod`` (or ``/tmp/cod-UID``)."""
+    if is_root():
+        return "/run/cod"
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(runtime, "cod") if runtime else f"/tmp/cod-{os.getuid()}"
+
+
+def detect(mode: str, state_dir: str, *, root: bool | None = None, cgroup_parent: str = "cod",
+           memory_migrate: bool = False, exclusive: bool = False, mounts: str = MOUNTS) -> Enforcer:
+    """The backend for ``mode`` (affinity|cpuset|none), falling back when not allowed.
+
+    ``cpuset`` without root or without a cpuset controller falls back to
+    ``affinity`` (logged once, with the reason).  The returned enforcer's
+    ``describe()`` names the backend and cgroup version for the start-up log.
+    """
+    if mode not in MODES:
+        raise EnforceError(f"unknown enforcement mode {mode!r}; choose one of {', '.join(MODES)}")
+    root = is_root() if root is None else root
+    if mode == "none":
+        enforcer: Enforcer = NullEnforcer()
+    elif mode == "cpuset":
+        mount = find_cpuset_mount(mounts) if root else None
+        if not root:
+            log.warning("enforce=cpuset needs root to write cgroups; falling back to affinity")
+            enforcer = AffinityEnforcer(state_dir)
+        elif mount is None:
+            log.warning("enforce=cpuset: no cpuset controller mounted (v1 or v2); falling back to affinity")
+            enforcer = AffinityEnforcer(state_dir)
+        else:
+            cls = CpusetV1Enforcer if mount.version == 1 else CpusetV2Enforcer
+            enforcer = cls(mount, state_dir, parent=cgroup_parent,
+                           memory_migrate=memory_migrate, exclusive=exclusive)
+    else:
+        enforcer = AffinityEnforcer(state_dir)
+    log.info("enforcement: %s", enforcer.describe())
+    return enforcer

@@ -1,0 +1,112 @@
+"""Finding the cpuset controller: cgroup v1 hierarchy or cgroup v2 (unified)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from dataclasses import dataclass
+
+MOUNTS = "/proc/self/mounts"
+
+
+@dataclass(frozen=True)
+class CpusetMount:
+    version: int  # 1 or 2
+    path: str  # mount point
+
+    def describe(self) -> str:
+        return f"cgroup v{self.version} cpuset at {self.path}"
+
+
+def find_cpuset_mount(mounts: str = MOUNTS) -> CpusetMount | None:
+    """The cpuset controller's mount: v1 ``cgroup ... cpuset`` first, else a cgroup2 mount
+    whose ``cgroup.controllers`` lists cpuset.  None when neither exists."""
+    v2: list[str] = []
+    with open(mounts) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 4:
+                continue
+            path, fstype, options = fields[1], fields[2], fields[3].split(",")
+            path = path.replace("\\040", " ")
+            if fstype == "cgroup" and "cpuset" in options:
+                return CpusetMount(1, path)
+            if fstype == "cgroup2":
+                v2.append(path)
+    for path in v2:
+        try:
+            with open(os.path.join(path, "cgroup.controllers")) as f:
+                if "cpuset" in f.read().split():
+                    return CpusetMount(2, path)
+        except OSError:
+            continue
+    return None
+
+
+def process_cgroup(pid: int, version: int, proc: str = "/proc") -> str | None:
+    """The cgroup path (relative to the mount, starting with '/') of ``pid`` in the
+    cpuset hierarchy (v1) or the unified one (v2); None when gone or absent."""
+    try:
+        with open(f"{proc}/{pid}/cgroup") as f:
+            lines = f.read().splitlines()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    for line in lines:
+        hier, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if version == 1 and "cpuset" in controllers.split(","):
+            return path
+        if version == 2 and hier == "0" and controllers == "":
+            return path
+    return None
+
+
+def members_file(cgroup_dir: str) -> str:
+    """``tasks`` (v1: threads) when present, else ``cgroup.procs`` (v2: processes)."""
+    tasks = os.path.join(cgroup_dir, "tasks")
+    return tasks if os.path.exists(tasks) else os.path.join(cgroup_dir, "cgroup.procs")
+
+
+def move_into(cgroup_dir: str, ident: int) -> bool:
+    """Write a tid (v1) or pid (v2) into ``cgroup_dir``; False when it is gone.
+    Raises OSError for other failures (the caller names the task)."""
+    try:
+        with open(members_file(cgroup_dir), "w") as f:
+            f.write(str(ident))
+        return True
+    except ProcessLookupError:
+        return False
+    except OSError as err:
+        if err.errno == errno.EINVAL and not os.path.exists(f"/proc/{ident}"):
+            return False
+        raise
+
+
+def members(cgroup_dir: str) -> list[int]:
+    try:
+        with open(members_file(cgroup_dir)) as f:
+            return [int(x) for x in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def remove_cgroup(path: str, evict_to: str, tries: int = 50) -> bool:
+    """Move what is left in ``path`` to ``evict_to`` and remove it; False if it did not exist."""
+    for _ in range(tries):
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            if err.errno != errno.EBUSY:
+                raise
+        for m in members(path):
+            try:
+                move_into(evict_to, m)
+            except OSError:
+                pass  # a kernel thread or an exiting task: retry the rmdir
+        time.sleep(0.002)
+    os.rmdir(path)  # raises EBUSY for the caller to report
+    return True

@@ -1,0 +1,203 @@
+"""Small readers of /proc/PID: the facts enforcement needs about one process.
+
+A process is identified by (pid, start time) as psutil does, so that a pid
+reused by a new process is never mistaken for the one we pinned.  Every
+reader takes ``proc`` (default ``/proc``) so tests may point it elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+PROC = "/proc"
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
+
+
+@dataclass(frozen=True)
+class Stat:
+    """The fields of /proc/PID/stat (or /proc/PID/task/TID/stat) we use."""
+
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    flags: int
+    utime: int  # clock ticks
+    stime: int  # clock ticks
+    num_threads: int
+    start_time: int  # clock ticks after boot; with the pid, the process identity
+    processor: int  # CPU it last ran on
+
+    @property
+    def is_kernel_thread(self) -> bool:
+        return bool(self.flags & PF_KTHREAD)
+
+
+def parse_stat(text: str) -> Stat:
+    # comm may hold spaces and parentheses: it runs to the *last* ')'.
+    open_paren = text.index("(")
+    close_paren = text.rindex(")")
+    pid = int(text[:open_paren])
+    comm = text[open_paren + 1 : close_paren]
+    rest = text[close_paren + 2 :].split()
+    # rest[0] is field 3 (state); field N is rest[N - 3].
+    return Stat(
+        pid=pid,
+        comm=comm,
+        state=rest[0],
+        ppid=int(rest[1]),
+        flags=int(rest[6]),
+        utime=int(rest[11]),
+        stime=int(rest[12]),
+        num_threads=int(rest[17]),
+        start_time=int(rest[19]),
+        processor=int(rest[36]),
+    )
+
+
+def read_stat(pid: int, tid: int | None = None, proc: str = PROC) -> Stat:
+    """Raise FileNotFoundError/ProcessLookupError when the process is gone."""
+    path = f"{proc}/{pid}/stat" if tid is None else f"{proc}/{pid}/task/{tid}/stat"
+    return parse_stat(read_small(path).decode("utf-8", "replace"))
+
+
+def read_small(path: str) -> bytes:
+    """One read of a small /proc file: os.open/os.read is ~35 % cheaper than open()."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def cpu_ticks(pid: int, proc: str = PROC) -> tuple[int, int, int] | None:
+    """(utime+stime, start time, flags) of ``pid`` -- the scan's fast path; None if gone."""
+    try:
+        data = read_small(f"{proc}/{pid}/stat")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return parse_cpu_ticks(data)
+
+
+def start_time(pid: int, proc: str = PROC) -> int | None:
+    """The start time of ``pid``, or None when there is no such process."""
+    try:
+        return read_stat(pid, proc=proc).start_time
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def same_process(pid: int, start: int, proc: str = PROC) -> bool:
+    return start_time(pid, proc) == start
+
+
+def thread_ids(pid: int, proc: str = PROC) -> list[int]:
+    """Every thread of ``pid`` (``/proc/PID/task/*``); [] when it is gone."""
+    try:
+        return sorted(int(t) for t in os.listdir(f"{proc}/{pid}/task"))
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def pids(proc: str = PROC) -> list[int]:
+    return [int(n) for n in os.listdir(proc) if n.isdigit()]
+
+
+def status_field(pid: int, name: str, tid: int | None = None, proc: str = PROC) -> str:
+    path = f"{proc}/{pid}/status" if tid is None else f"{proc}/{pid}/task/{tid}/status"
+    with open(path) as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key == name:
+                return value.strip()
+    raise KeyError(f"{path} has no field {name!r}")
+
+
+def cpus_allowed(pid: int, tid: int | None = None, proc: str = PROC) -> tuple[int, ...]:
+    """``Cpus_allowed_list`` of a process or thread, as a sorted tuple."""
+    return parse_cpu_list(status_field(pid, "Cpus_allowed_list", tid, proc))
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """Parse the kernel's list format ``0-3,8,10-11`` (also cpuset.cpus/mems)."""
+    out: set[int] = set()
+    text = text.strip()
+    if not text:
+        return ()
+    for part in text.split(","):
+        lo, sep, hi = part.partition("-")
+        try:
+            first = int(lo)
+            last = int(hi) if sep else first
+        except ValueError as err:
+            raise ValueError(f"bad CPU list {text!r}: {part!r} is not N or N-M") from err
+        if last < first:
+            raise ValueError(f"bad CPU list {text!r}: range {part!r} runs backwards")
+        out.update(range(first, last + 1))
+    return tuple(sorted(out))
+
+
+def format_cpu_list(ids: Iterable[int]) -> str:
+    """The inverse of :func:`parse_cpu_list`: ``[0,1,2,5]`` -> ``0-2,5``."""
+    ordered = sorted(set(ids))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def check_ids(what: str, ids: Sequence[int]) -> tuple[int, ...]:
+    """Validate a CPU or node list given by a caller: non-empty, non-negative ints."""
+    if not ids:
+        raise ValueError(f"{what} is empty")
+    for i in ids:
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise ValueError(f"{what} holds {i!r}, not a CPU/node number")
+    return tuple(sorted(set(ids)))
+
+
+class KeptFiles:
+    """Small /proc files read again and again through fds kept open (``pread``):
+    half the cost of open/read/close.  An fd on /proc/PID/... of a process that
+    has exited reads ESRCH, never a later process with the same pid."""
+
+    def __init__(self) -> None:
+        self._fds: dict[str, int] = {}
+
+    def read(self, path: str) -> bytes | None:
+        """The file's content, or None when its process is gone."""
+        fd = self._fds.get(path)
+        try:
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            return os.pread(fd, 4096, 0)
+        except (FileNotFoundError, ProcessLookupError):
+            self.forget(path)
+            return None
+
+    def keep_only(self, paths: Iterable[str]) -> None:
+        """Close the fds of every path not in ``paths``."""
+        keep = set(paths)
+        for path in [p for p in self._fds if p not in keep]:
+            self.forget(path)
+
+    def forget(self, path: str) -> None:
+        fd = self._fds.pop(path, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        self.keep_only(())
+
+
+def parse_cpu_ticks(data: bytes) -> tuple[int, int, int]:
+    """(utime+stime, start time, flags) from the bytes of a stat file."""
+    rest = data[data.rindex(b")") + 2 :].split(None, 20)
+    return int(rest[11]) + int(rest[12]), int(rest[19]), int(rest[6])

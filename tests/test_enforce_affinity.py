@@ -1,0 +1,384 @@
+"""Enforcement backends against the real kernel: real processes, real pinning, real cgroups."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from cod.rm.enforce import AffinityEnforcer, CpusetV1Enforcer, EnforceError, NullEnforcer, detect
+from cod.rm.enforce.affinity import set_thread_affinity
+from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
+from cod.rm.enforce.procfs import cpus_allowed, pids, read_stat, thread_ids
+from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
+
+CPUS = sorted(os.sched_getaffinity(0))
+two_cpus = pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs to move a task between")
+MOUNT = find_cpuset_mount()
+v1_only = pytest.mark.skipif(MOUNT is None or MOUNT.version != 1, reason="no cgroup v1 cpuset hierarchy here")
+v2_only = pytest.mark.skipif(MOUNT is None or MOUNT.version != 2, reason="no cgroup v2 cpuset controller here")
+PARENT = f"cod-test-{os.getpid()}"
+
+
+def make(kind: str, state_dir: str):
+    if kind == "affinity":
+        return AffinityEnforcer(state_dir)
+    if kind == "cpuset":
+        if os.geteuid() != 0:
+            pytest.skip("needs root to write cgroups")
+        if MOUNT is None:
+            pytest.skip("no cpuset controller mounted")
+        return detect("cpuset", state_dir, cgroup_parent=PARENT)
+    raise AssertionError(kind)
+
+
+BACKENDS = ["affinity", "cpuset"]
+
+
+@pytest.fixture
+def state_dir(tmp_path):
+    return str(tmp_path / "state")
+
+
+def thread_masks(pid: int) -> dict[int, str]:
+    return {tid: allowed_list(pid, tid) for tid in thread_ids(pid)}
+
+
+@two_cpus
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_four_thread_task_moves_from_cpu0_to_cpu1_with_every_thread(kind, state_dir, spawn):
+    task = spawn(4, "spin")
+    enf = make(kind, state_dir)
+    try:
+        first, second = CPUS[0], CPUS[1]
+        assert enf.apply("db", [task.pid], [first], [0]) == [task.pid]
+        masks = thread_masks(task.pid)
+        assert len(masks) == 4 and set(masks) == set(task.tids)
+        assert set(masks.values()) == {str(first)}
+        enf.apply("db", [task.pid], [second], [0])
+        assert set(thread_masks(task.pid).values()) == {str(second)}
+        for tid in task.tids:
+            assert os.sched_getaffinity(tid) == {second}
+    finally:
+        enf.close()
+    # A clean close gives every thread its original mask back.
+    assert set(thread_masks(task.pid).values()) == {allowed_list(os.getpid())}
+
+
+@two_cpus
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_thread_created_after_pinning_is_pinned(kind, state_dir, spawn):
+    task = spawn(2, "sleep")
+    enf = make(kind, state_dir)
+    try:
+        enf.apply("db", [task.pid], [CPUS[1]], [0])
+        tid = task.spawn_thread()  # inherits the mask (affinity) or the cgroup (cpuset)
+        assert cpus_allowed(task.pid, tid) == (CPUS[1],)
+        # A thread that escaped (here: re-pinned by someone else) is caught by add_thread.
+        os.sched_setaffinity(tid, CPUS)
+        assert enf.add_thread("db", tid) is True
+        assert cpus_allowed(task.pid, tid) == (CPUS[1],)
+    finally:
+        enf.close()
+
+
+@two_cpus
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_release_restores_each_threads_original_mask(kind, state_dir, spawn):
+    task = spawn(3, "sleep")
+    special = task.tids[1]
+    os.sched_setaffinity(task.pid, [CPUS[1]])  # the process's own mask
+    os.sched_setaffinity(special, [CPUS[0]])  # one thread differs
+    before = thread_masks(task.pid)
+    enf = make(kind, state_dir)
+    try:
+        enf.apply("db", [task.pid], CPUS, [0])
+        assert set(thread_masks(task.pid).values()) == {allowed_list(os.getpid())}
+        enf.release("db")
+        assert thread_masks(task.pid) == before
+        enf.release("db")  # idempotent
+    finally:
+        enf.close()
+
+
+@two_cpus
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_pid_dropped_from_a_task_gets_its_own_mask_back(kind, state_dir, spawn):
+    a, b = spawn(2, "sleep"), spawn(2, "sleep")
+    before_a = thread_masks(a.pid)
+    enf = make(kind, state_dir)
+    try:
+        enf.apply("db", [a.pid, b.pid], [CPUS[1]], [0])
+        assert enf.apply("db", [b.pid], [CPUS[1]], [0]) == [b.pid]
+        assert thread_masks(a.pid) == before_a
+        assert set(thread_masks(b.pid).values()) == {str(CPUS[1])}
+    finally:
+        enf.close()
+
+
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_exited_and_zombie_pids_are_skipped(kind, state_dir, spawn):
+    live = spawn(1, "sleep")
+    dead = spawn(1, "sleep")
+    dead.proc.kill()
+    dead.proc.wait()
+    zombie = subprocess.Popen(["true"])
+    while open(f"/proc/{zombie.pid}/stat").read().split(") ")[1][0] != "Z":
+        pass
+    enf = make(kind, state_dir)
+    try:
+        applied = enf.apply("db", [live.pid, dead.pid, zombie.pid], [CPUS[0]], [0])
+        assert live.pid in applied and dead.pid not in applied
+        enf.release("db")
+    finally:
+        enf.close()
+        zombie.wait()
+
+
+def test_kernel_thread_with_fixed_mask_is_tolerated():
+    kthreads = []
+    for pid in pids():
+        try:
+            st = read_stat(pid)
+        except FileNotFoundError:
+            continue
+        if st.is_kernel_thread and st.comm == "ksoftirqd/0":
+            kthreads.append(pid)
+    if not kthreads:
+        pytest.skip("no ksoftirqd/0 thread visible")
+    before = os.sched_getaffinity(kthreads[0])
+    assert set_thread_affinity(kthreads[0], CPUS) is (before == set(CPUS))
+    assert os.sched_getaffinity(kthreads[0]) == before
+
+
+@pytest.mark.parametrize("task,cpus,mems,needle", [
+    ("../etc", [0], [0], "not allowed"),
+    ("a/b", [0], [0], "not allowed"),
+    ("", [0], [0], "not allowed"),
+    ("db", [], [0], "cpus is empty"),
+    ("db", [0], [], "mems is empty"),
+    ("db", [-1], [0], "-1"),
+    ("db", ["0"], [0], "'0'"),
+])
+def test_bad_input_is_named(state_dir, task, cpus, mems, needle):
+    with AffinityEnforcer(state_dir) as enf:
+        with pytest.raises(EnforceError, match=needle.replace(".", r"\.")):
+            enf.apply(task, [os.getpid()], cpus, mems)
+
+
+def test_cpus_outside_the_allowed_set_are_an_error(state_dir, spawn):
+    task = spawn(1, "sleep")
+    with AffinityEnforcer(state_dir) as enf:
+        with pytest.raises(EnforceError, match="none of them is allowed"):
+            enf.apply("db", [task.pid], [max(CPUS) + 64], [0])
+
+
+def test_unknown_mode_is_refused(state_dir):
+    with pytest.raises(EnforceError, match="unknown enforcement mode 'fast'"):
+        detect("fast", state_dir)
+
+
+def test_second_enforcer_on_the_same_state_dir_is_refused(state_dir):
+    with AffinityEnforcer(state_dir):
+        with pytest.raises(EnforceError, match=f"in use by another COD RM \\(pid {os.getpid()}\\)"):
+            AffinityEnforcer(state_dir)
+
+
+def test_none_mode_changes_nothing(state_dir, spawn):
+    task = spawn(2, "sleep")
+    before = thread_masks(task.pid)
+    enf = detect("none", state_dir)
+    assert isinstance(enf, NullEnforcer)
+    assert enf.apply("db", [task.pid], [CPUS[0]], [0]) == [task.pid]
+    assert thread_masks(task.pid) == before
+    enf.close()
+
+
+def test_detect_without_root_falls_back_to_affinity(state_dir, caplog):
+    with caplog.at_level("INFO", logger="cod.rm.enforce"):
+        enf = detect("cpuset", state_dir, root=False)
+    try:
+        assert enf.name == "affinity"
+        assert "needs root" in caplog.text and "falling back to affinity" in caplog.text
+    finally:
+        enf.close()
+
+
+def test_reused_pid_is_not_touched_by_stale_cleanup(state_dir, spawn):
+    task = spawn(1, "sleep")
+    before = allowed_list(task.pid)
+    os.makedirs(state_dir)
+    start = int(open(f"/proc/{task.pid}/stat").read().rsplit(") ", 1)[1].split()[19])
+    stale = {"version": 1, "tasks": {"db": {"cgroup": None, "procs": {
+        str(task.pid): {"start": start - 1, "affinity": [CPUS[0]], "threads": {}, "cpuset": None}}}}}
+    with open(os.path.join(state_dir, "enforce-state.json"), "w") as f:
+        json.dump(stale, f)
+    with AffinityEnforcer(state_dir) as enf:
+        assert enf.cleanup_stale() == []
+    assert allowed_list(task.pid) == before
+
+
+def test_unknown_state_version_is_refused(state_dir):
+    os.makedirs(state_dir)
+    with open(os.path.join(state_dir, "enforce-state.json"), "w") as f:
+        json.dump({"version": 99, "tasks": {}}, f)
+    with pytest.raises(EnforceError, match="version 99"):
+        AffinityEnforcer(state_dir)
+
+
+# ---- cgroups ---------------------------------------------------------------
+
+@needs_root()
+@v1_only
+def test_v1_cgroup_created_filled_and_removed(state_dir, spawn):
+    task = spawn(4, "sleep")
+    home = process_cgroup(task.pid, 1)
+    enf = CpusetV1Enforcer(MOUNT, state_dir, parent=PARENT, memory_migrate=True)
+    cg = os.path.join(MOUNT.path, PARENT, "db")
+    try:
+        enf.apply("db", [task.pid], [CPUS[-1]], [0])
+        assert os.path.isdir(cg)
+        assert open(f"{cg}/cpuset.cpus").read().strip() == str(CPUS[-1])
+        assert open(f"{cg}/cpuset.mems").read().strip() == "0"
+        assert open(f"{cg}/cpuset.memory_migrate").read().strip() == "1"
+        assert sorted(int(t) for t in open(f"{cg}/tasks").read().split()) == sorted(task.tids)
+        assert process_cgroup(task.pid, 1) == f"/{PARENT}/db"
+        enf.release("db")
+        assert not os.path.exists(cg)
+        assert process_cgroup(task.pid, 1) == home
+    finally:
+        enf.close()
+    assert not os.path.exists(os.path.join(MOUNT.path, PARENT))
+
+
+@needs_root()
+@v1_only
+@two_cpus
+def test_v1_exclusive_cpusets_refuse_overlap(state_dir, spawn):
+    a, b = spawn(1, "sleep"), spawn(1, "sleep")
+    enf = CpusetV1Enforcer(MOUNT, state_dir, parent=PARENT, exclusive=True)
+    try:
+        enf.apply("a", [a.pid], [CPUS[0]], [0])
+        assert open(os.path.join(MOUNT.path, PARENT, "a", "cpuset.cpu_exclusive")).read().strip() == "1"
+        with pytest.raises(EnforceError, match=rf"cannot write '{CPUS[0]}' to .*/b/cpuset.cpus"):
+            enf.apply("b", [b.pid], [CPUS[0]], [0])  # the kernel refuses an overlapping exclusive set
+        enf.apply("b", [b.pid], [CPUS[1]], [0])
+    finally:
+        enf.close()
+    assert not os.path.exists(os.path.join(MOUNT.path, PARENT))
+
+
+@needs_root()
+@v2_only
+def test_v2_cgroup_created_filled_and_removed(state_dir, spawn):
+    from cod.rm.enforce import CpusetV2Enforcer
+    task = spawn(2, "sleep")
+    enf = CpusetV2Enforcer(MOUNT, state_dir, parent=PARENT)
+    cg = os.path.join(MOUNT.path, PARENT, "db")
+    try:
+        enf.apply("db", [task.pid], [CPUS[-1]], [0])
+        assert open(f"{cg}/cpuset.cpus").read().strip() == str(CPUS[-1])
+        assert [int(p) for p in open(f"{cg}/cgroup.procs").read().split()] == [task.pid]
+        enf.release("db")
+        assert not os.path.exists(cg)
+    finally:
+        enf.close()
+
+
+# ---- crash and restart -----------------------------------------------------
+
+CRASHER = textwrap.dedent("""
+    import os, sys, time
+    from cod.rm.enforce import detect
+    mode, state_dir, parent, pid, cpu = sys.argv[1:6]
+    enf = detect(mode, state_dir, cgroup_parent=parent)
+    enf.apply("victim", [int(pid)], [int(cpu)], [0])
+    print("ready", flush=True)
+    time.sleep(3600)
+""")
+
+
+@two_cpus
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_next_start_after_sigkill_restores_everything(kind, state_dir, spawn):
+    if kind == "cpuset" and (os.geteuid() != 0 or MOUNT is None):
+        pytest.skip("needs root and a cpuset controller")
+    task = spawn(4, "sleep")
+    before = thread_masks(task.pid)
+    rm = subprocess.Popen([sys.executable, "-c", CRASHER, kind, state_dir, PARENT, str(task.pid), str(CPUS[1])],
+                          stdout=subprocess.PIPE, text=True)
+    try:
+        assert rm.stdout.readline().strip() == "ready"
+        assert set(thread_masks(task.pid).values()) == {str(CPUS[1])}
+    finally:
+        rm.send_signal(signal.SIGKILL)
+        rm.wait()
+    cg = os.path.join(MOUNT.path, PARENT, "victim") if MOUNT else ""
+    if kind == "cpuset":
+        assert os.path.isdir(cg)  # left behind by the crash
+    enf = make(kind, state_dir)
+    try:
+        done = enf.cleanup_stale()
+        assert any(f"pid {task.pid}" in line for line in done)
+        assert thread_masks(task.pid) == before
+        if kind == "cpuset":
+            assert f"removed cgroup {cg}" in done and not os.path.exists(cg)
+        assert enf.cleanup_stale() == []  # nothing left the second time
+    finally:
+        enf.close()
+    assert not os.path.exists(os.path.join(state_dir, "enforce-state.json"))
+    if MOUNT is not None:
+        assert not os.path.exists(os.path.join(MOUNT.path, PARENT))
+
+
+@needs_root()
+@v1_only
+def test_affinity_run_cleans_up_after_a_crashed_cpuset_run(state_dir, spawn):
+    task = spawn(2, "sleep")
+    before, home = thread_masks(task.pid), process_cgroup(task.pid, 1)
+    rm = subprocess.Popen([sys.executable, "-c", CRASHER, "cpuset", state_dir, PARENT, str(task.pid), str(CPUS[-1])],
+                          stdout=subprocess.PIPE, text=True)
+    try:
+        assert rm.stdout.readline().strip() == "ready"
+    finally:
+        rm.send_signal(signal.SIGKILL)
+        rm.wait()
+    with AffinityEnforcer(state_dir) as enf:
+        done = enf.cleanup_stale()
+    assert f"removed cgroup {os.path.join(MOUNT.path, PARENT, 'victim')}" in done
+    assert not os.path.exists(os.path.join(MOUNT.path, PARENT))
+    assert thread_masks(task.pid) == before and process_cgroup(task.pid, 1) == home
+
+
+@needs_root()
+def test_migrate_pages_on_a_real_process(spawn):
+    from cod.rm.enforce.cpuset import migrate_pages
+    from cod.rm.enforce.livestate import numa_pages
+    task = spawn(1, "sleep")
+    nodes = sorted(numa_pages(task.pid))
+    # Same nodes in and out: nothing can fail to move, so 0 pages are left behind.
+    assert migrate_pages(task.pid, nodes, nodes) == 0
+    task.stop()
+    assert migrate_pages(task.pid, nodes, nodes) == 0  # gone: nothing to do, no error
+
+
+@two_cpus
+def test_per_pid_hook_for_the_rm(state_dir, spawn):
+    from cod.rm.enforce.hook import EnforcerHook
+    a, b = spawn(2, "sleep"), spawn(2, "sleep")
+    before = {a.pid: thread_masks(a.pid), b.pid: thread_masks(b.pid)}
+    with AffinityEnforcer(state_dir) as enf:
+        hook = EnforcerHook(enf)
+        hook.apply("db", a.pid, (CPUS[0],), (0,))
+        hook.apply("db", b.pid, (CPUS[1],), (0,))  # the task's cores, for both of its pids
+        assert set(thread_masks(a.pid).values()) == set(thread_masks(b.pid).values()) == {str(CPUS[1])}
+        hook.release("db", a.pid)
+        assert thread_masks(a.pid) == before[a.pid]
+        assert set(thread_masks(b.pid).values()) == {str(CPUS[1])}
+        hook.release("db", b.pid)
+        assert thread_masks(b.pid) == before[b.pid] and enf.tasks() == {}

@@ -1,0 +1,130 @@
+"""Busy (CPU-hog) detection on real processes."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from cod.rm.enforce import AffinityEnforcer, EnforceError
+from cod.rm.enforce.busy import BusyDetector, confine
+from helpers.procs import allowed_list, spawn, spinner_cmd  # noqa: F401 (fixtures)
+
+CPUS = sorted(os.sched_getaffinity(0))
+INTERVAL = 0.1
+# Low enough that a spinner on this shared 2-CPU box (others run tests too) is always
+# above it, while a sleeper (0.00 cores) is always below it.
+THRESHOLD = 0.2
+
+
+def run(detector: BusyDetector, samples: int, spin_self: bool = False) -> list[list[int]]:
+    """``samples`` samples ``INTERVAL`` apart (spinning between them if asked); the pids reported."""
+    seen = []
+    for _ in range(samples):
+        seen.append([b.pid for b in detector.sample()])
+        if spin_self:
+            end = time.monotonic() + INTERVAL
+            while time.monotonic() < end:
+                pass
+        else:
+            time.sleep(INTERVAL)
+    return seen
+
+
+@pytest.mark.parametrize("window", [2, 3])
+def test_spinner_found_within_its_window_sleeper_ignored(spawn, window):
+    hog, idle = spawn(3, "spin"), spawn(2, "sleep")  # two spinners: robust on a shared box
+    det = BusyDetector(threshold=THRESHOLD, window=window)
+    seen = run(det, window + 3)
+    # The first sample only sets the baseline: window samples later the hog is known.
+    assert all(hog.pid not in s for s in seen[:window])
+    assert all(hog.pid in s for s in seen[window + 1:])
+    assert all(idle.pid not in s for s in seen)
+    found = next(b for b in det.sample() if b.pid == hog.pid)
+    assert found.cpu >= THRESHOLD and found.cpus == tuple(sorted(os.sched_getaffinity(hog.pid)))
+    assert found.last_cpu in found.cpus
+
+
+def test_registered_pids_and_self_are_never_reported(spawn):
+    hog = spawn(1, "spin")
+    registered = {hog.pid}
+    det = BusyDetector(threshold=THRESHOLD, window=1, registered=lambda: registered)
+    seen = run(det, 4, spin_self=True)  # this process is a hog too
+    assert all(hog.pid not in s and os.getpid() not in s for s in seen)
+    registered.clear()  # the same detector sees the hog once it is no longer registered
+    assert hog.pid in run(det, 3)[-1]
+
+
+@pytest.mark.parametrize("threshold,window,needle", [(0, 3, "threshold"), (-1, 3, "threshold"), (0.5, 0, "window")])
+def test_bad_settings_are_named(threshold, window, needle):
+    with pytest.raises(EnforceError, match=needle):
+        BusyDetector(threshold=threshold, window=window)
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="needs two CPUs")
+def test_confine_keeps_the_hog_on_the_cores_left_over(spawn, tmp_path):
+    hog = spawn(2, "spin")
+    det = BusyDetector(threshold=THRESHOLD, window=2)
+    found = []
+    for _ in range(10):
+        found = [b for b in det.sample() if b.pid == hog.pid]
+        if found:
+            break
+        time.sleep(INTERVAL)
+    assert found, "hog not detected"
+    with AffinityEnforcer(str(tmp_path / "state")) as enf:
+        task = confine(enf, found[0], [CPUS[1]], [0])
+        assert task == f"other.{hog.pid}"
+        assert {allowed_list(hog.pid, t) for t in hog.tids} == {str(CPUS[1])}
+    assert {allowed_list(hog.pid, t) for t in hog.tids} == {allowed_list(os.getpid())}
+
+
+# ---- the /proc/stat gate, on a /proc tree we write (deterministic ticks) -------------
+
+def write_stat(root, pid: int, ticks: int, start: int = 1000, flags: int = 0) -> None:
+    rest = ["0"] * 50
+    rest[0], rest[1], rest[6], rest[11], rest[19], rest[17] = "R", "1", str(flags), str(ticks), str(start), "1"
+    (root / str(pid)).mkdir(exist_ok=True)
+    (root / str(pid) / "stat").write_text(f"{pid} (fake {pid}) {' '.join(rest)}\n")
+
+
+def write_machine(root, busy_ticks: int) -> None:
+    (root / "stat").write_text(f"cpu  {busy_ticks} 0 0 100000 0 0 0 0 0 0\ncpu0 {busy_ticks} 0 0 50000 0 0 0 0 0 0\n")
+
+
+# ticks the unregistered process uses per 1 s sample; 100 ticks = one core; threshold 0.15
+QUIET, NOISE, HOG = 0, 5, 20
+
+
+@pytest.mark.parametrize("other_ticks,scans,reported", [
+    # all busy time is the registered task's: no process scan at all
+    ([QUIET] * 7, 0, [False] * 7),
+    # 0.05 cores unexplained (noise): below the threshold, still no scan
+    ([NOISE] * 7, 0, [False] * 7),
+    # a hog: scan 1 = baseline, scans 2-3 fill the window of 2; once reported it is
+    # followed alone (its time is explained), so scanning stops
+    ([HOG] * 7, 3, [False, False, False, True, True, True, True]),
+    # a hog that goes quiet stays reported until it has been quiet for the window
+    ([HOG] * 4 + [QUIET] * 3, 3, [False, False, False, True, True, True, False]),
+])
+def test_full_scan_only_when_cpu_time_is_unexplained(tmp_path, spawn, other_ticks, scans, reported):
+    registered, other = 7, spawn(1, "sleep").pid  # a real pid, so its affinity can be read
+    t = [0.0]
+    det = BusyDetector(threshold=0.15, window=2, registered=lambda: {registered}, proc=str(tmp_path),
+                       clock=lambda: t[0])
+    det.me = 1  # this process's own ticks are not in the fake tree
+    busy, reg, oth = 0, 0, 0
+    seen = []
+    for extra in other_ticks:
+        write_machine(tmp_path, busy)
+        write_stat(tmp_path, registered, reg)
+        write_stat(tmp_path, other, oth)
+        write_stat(tmp_path, 2, 0, flags=0x00200000)  # a kernel thread: never reported
+        seen.append([b.pid for b in det.sample()])
+        t[0] += 1.0  # one second per sample: ticks/100 = cores
+        reg += 50
+        oth += extra
+        busy += 50 + extra
+    assert det.scans == scans
+    assert seen == [[other] if r else [] for r in reported]

@@ -1,0 +1,78 @@
+"""Live-state samplers on the real machine."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from cod.rm.enforce.livestate import (
+    CpuLoadSampler, LiveStateSampler, TaskSampler, node_free_bytes, numa_pages, parse_numa_maps,
+)
+from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
+
+CPUS = sorted(os.sched_getaffinity(0))
+NODES = sorted(int(n[4:]) for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit() and n.startswith("node"))
+
+
+@pytest.mark.parametrize("text,expected", [
+    (b"7f00 default file=/lib/x.so mapped=3 mapmax=2 N0=3 kernelpagesize_kB=4\n", {0: 3}),
+    (b"1000 interleave:0-1 anon=10 dirty=10 N0=4 N1=6\n2000 bind:1 anon=2 N1=2\n", {0: 4, 1: 6 + 2}),
+    (b"3000 default stack anon=1 dirty=1 N12=1\n", {12: 1}),
+    (b"4000 default\n", {}),  # nothing resident
+])
+def test_parse_numa_maps(text, expected):
+    assert parse_numa_maps(text) == expected
+
+
+def test_numa_pages_of_a_real_process(spawn):
+    task = spawn(2, "sleep")
+    pages = numa_pages(task.pid)
+    assert pages and set(pages) <= set(NODES) and sum(pages.values()) > 0
+    task.stop()
+    assert numa_pages(task.pid) is None
+
+
+def test_free_memory_per_node():
+    free = node_free_bytes()
+    assert sorted(free) == NODES
+    for node, value in free.items():
+        total = next(int(line.split()[3]) * 1024 for line in open(f"/sys/devices/system/node/node{node}/meminfo")
+                     if line.split()[2] == "MemTotal:")
+        assert 0 < value <= total
+
+
+def test_cpu_load_sees_a_pinned_spinner(spawn):
+    hog = spawn(1, "spin")
+    os.sched_setaffinity(hog.pid, [CPUS[-1]])
+    for tid in hog.tids:
+        os.sched_setaffinity(tid, [CPUS[-1]])
+    sampler = CpuLoadSampler()
+    sampler.sample()
+    time.sleep(0.3)
+    load = sampler.sample()
+    assert sorted(load) == sorted(set(load) | set(CPUS))
+    assert load[CPUS[-1]] > 0.5
+    assert all(0.0 <= v <= 1.0 for v in load.values())
+
+
+def test_task_cpu_use_and_departure(spawn):
+    hog, idle = spawn(3, "spin"), spawn(1, "sleep")  # two spinners: well above 0.3 on a shared box
+    sampler = TaskSampler()
+    tasks = {"hog": [hog.pid], "idle": [idle.pid]}
+    sampler.sample(tasks)
+    time.sleep(0.3)
+    state = sampler.sample(tasks)
+    assert state["hog"].cpu > 0.3 and state["idle"].cpu < 0.1
+    assert state["hog"].pids == (hog.pid,) and sum(state["hog"].pages.values()) > 0
+    hog.stop()
+    assert sampler.sample(tasks)["hog"].pids == ()
+
+
+def test_live_state_in_one_call(spawn):
+    task = spawn(1, "sleep")
+    state = LiveStateSampler().sample({"db": [task.pid]})
+    assert set(state.cpu_load) >= set(CPUS)
+    assert sorted(state.node_free_bytes) == NODES
+    assert state.tasks["db"].pids == (task.pid,)
