@@ -1,0 +1,53 @@
+"""Runs the global allocator for the RM: one run at a time, off the event loop, on a snapshot.
+
+Policy lives in cod.rm.allocator; this module only adapts the RM's tasks to it
+and back.  The allocator is pure Python / OR-Tools, so it runs in a worker
+thread (`run_in_executor`) while the loop keeps answering other clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from cod.facts.model import Machine
+
+from .allocator import TaskSpec, allocate
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The allocator's answer: CPUs per task, or why it could not admit every task."""
+
+    cores: dict[str, tuple[int, ...]] | None
+    reason: str | None
+    solver: str
+    solve_ms: float
+
+
+def _run_allocator(
+    machine: Machine, specs: Sequence[TaskSpec], current: Mapping[str, Sequence[int]]
+) -> Plan:
+    # The deterministic greedy allocator for now (issue #4); the CP-SAT one is a `solver=` away.
+    result = allocate(machine, list(specs), dict(current), solver="greedy")
+    if result.status == "infeasible":
+        return Plan(None, result.reason, result.solver, result.solve_ms)
+    return Plan({t.name: tuple(t.cores) for t in result.tasks}, None, result.solver, result.solve_ms)
+
+
+class AllocatorRunner:
+    def __init__(self, machine: Machine) -> None:
+        self.machine = machine
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cod-allocator")
+
+    async def run(self, specs: Sequence[TaskSpec], current: Mapping[str, Sequence[int]]) -> Plan:
+        if not specs:
+            return Plan({}, None, "none", 0.0)
+        loop = asyncio.get_running_loop()
+        snapshot = (tuple(specs), {k: tuple(v) for k, v in current.items()})
+        return await loop.run_in_executor(self._executor, _run_allocator, self.machine, *snapshot)
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,177 @@
+"""JSON-RPC 2.0 message shapes and the RM's error codes (see docs/protocol.md).
+
+Validation only: nothing here touches a socket or the SKB.  Every problem with a
+message becomes an `RpcError` whose code and message the peer will read.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+PROTOCOL_VERSION = 1
+
+# Standard JSON-RPC 2.0 codes.
+PARSE_ERROR = -32700
+INVALID_REQUEST = -32600
+METHOD_NOT_FOUND = -32601
+INVALID_PARAMS = -32602
+INTERNAL_ERROR = -32603
+
+# COD's own range, -32000 .. -32099.
+HELLO_REQUIRED = -32000
+UNSUPPORTED_VERSION = -32001
+PERMISSION_DENIED = -32010
+NOT_FOUND = -32020
+ALREADY_EXISTS = -32021
+ADMISSION_REFUSED = -32030
+SHUTTING_DOWN = -32060
+TOO_BUSY = -32070
+# SKB errors: -32040 - index of SKBError.code in this list (data.skb_code holds the name).
+SKB_ERROR_BASE = -32040
+SKB_CODES = (
+    "syntax_error",   # -32040
+    "unsafe",         # -32041
+    "timeout",        # -32042
+    "resource",       # -32043
+    "existence",      # -32044
+    "permission",     # -32045
+    "type",           # -32046
+    "domain",         # -32047
+    "instantiation",  # -32048
+    "evaluation",     # -32049
+    "engine",         # -32050
+    "invalid",        # -32051
+)
+
+
+def skb_error_code(skb_code: str) -> int:
+    try:
+        return SKB_ERROR_BASE - SKB_CODES.index(skb_code)
+    except ValueError:
+        return SKB_ERROR_BASE - SKB_CODES.index("engine")
+
+
+class RpcError(Exception):
+    """An error reply: `code`, `message` and optional structured `data`."""
+
+    def __init__(self, code: int, message: str, data: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def to_error(self) -> dict[str, Any]:
+        err: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            err["data"] = self.data
+        return err
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    params: dict[str, Any]
+    id: int | str | None  # None: a notification from the client (no reply is sent)
+
+
+def parse_request(body: bytes) -> Request:
+    """Decode and validate one frame body from a client.
+
+    Raises RpcError(PARSE_ERROR) for bytes that are not UTF-8 JSON and
+    RpcError(INVALID_REQUEST) for JSON that is not a request object; in the latter
+    case `.data["id"]` carries the request id when one could be read, so the
+    reply can still be matched.
+    """
+    try:
+        msg = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as err:
+        raise RpcError(PARSE_ERROR, f"frame is not UTF-8 JSON: {err}") from None
+    if not isinstance(msg, dict):
+        raise RpcError(INVALID_REQUEST, f"a request must be a JSON object, not {type(msg).__name__}")
+    rid = msg.get("id")
+    if rid is not None and (isinstance(rid, bool) or not isinstance(rid, (int, str))):
+        raise RpcError(INVALID_REQUEST, "request id must be an integer or a string")
+    ctx = {"id": rid}
+    if msg.get("jsonrpc") != "2.0":
+        raise RpcError(INVALID_REQUEST, 'request must carry "jsonrpc": "2.0"', ctx)
+    method = msg.get("method")
+    if not isinstance(method, str) or not method:
+        raise RpcError(INVALID_REQUEST, 'request must carry a "method" string', ctx)
+    params = msg.get("params", {})
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise RpcError(INVALID_REQUEST, '"params" must be an object (by-name parameters)', ctx)
+    return Request(method, params, rid)
+
+
+def response(rid: int | str | None, result: Any) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "result": result}
+
+
+def error_response(rid: int | str | None, err: RpcError) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "error": err.to_error()}
+
+
+def notification(method: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "method": method, "params": params}
+
+
+# ---- parameter validation -------------------------------------------------------------------
+_MISSING = object()
+
+
+class Params:
+    """Typed access to a request's params; every mistake is an INVALID_PARAMS naming the field."""
+
+    def __init__(self, method: str, params: dict[str, Any]) -> None:
+        self.method = method
+        self.raw = params
+        self._used: set[str] = set()
+
+    def _get(self, name: str, types: tuple[type, ...], default: Any, what: str) -> Any:
+        self._used.add(name)
+        value = self.raw.get(name, _MISSING)
+        if value is _MISSING or value is None:
+            if default is _MISSING:
+                raise RpcError(INVALID_PARAMS, f"{self.method}: missing parameter {name!r}")
+            return default
+        if isinstance(value, bool) and bool not in types:
+            ok = False
+        else:
+            ok = isinstance(value, types)
+        if not ok:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"{self.method}: parameter {name!r} must be {what}, not {type(value).__name__}",
+            )
+        return value
+
+    def str(self, name: str, default: Any = _MISSING) -> Any:
+        return self._get(name, (str,), default, "a string")
+
+    def int(self, name: str, default: Any = _MISSING) -> Any:
+        return self._get(name, (int,), default, "an integer")
+
+    def number(self, name: str, default: Any = _MISSING) -> Any:
+        return self._get(name, (int, float), default, "a number")
+
+    def bool(self, name: str, default: Any = _MISSING) -> Any:
+        return self._get(name, (bool,), default, "a boolean")
+
+    def dict(self, name: str, default: Any = _MISSING) -> Any:
+        return self._get(name, (dict,), default, "an object")
+
+    def str_list(self, name: str, default: Any = _MISSING) -> Any:
+        value = self._get(name, (list,), default, "a list of strings")
+        if value is not default and not all(isinstance(v, str) for v in value):
+            raise RpcError(INVALID_PARAMS, f"{self.method}: parameter {name!r} must be a list of strings")
+        return value
+
+    def done(self) -> None:
+        """Refuse parameters the method does not know (catches typos such as "max_core")."""
+        unknown = sorted(set(self.raw) - self._used)
+        if unknown:
+            raise RpcError(INVALID_PARAMS, f"{self.method}: unknown parameter(s): {', '.join(unknown)}")

@@ -1,0 +1,275 @@
+"""Transport: the Unix socket, peer credentials, framing and per-connection request order.
+
+One asyncio task reads each connection and feeds a bounded queue; a second task
+runs that connection's requests in order (so a client may pipeline
+`add_facts` then `execute_query`).  The queue bound is the backpressure: a peer
+that floods requests stops being read, so the daemon's memory stays bounded.
+Everything about what a request *means* lives in `cod.rm.handlers`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import grp
+import logging
+import os
+import pwd
+import socket
+import stat
+import struct
+from typing import Any, Awaitable, Callable
+
+from .config import RMConfig
+from .framing import FrameDecoder, FrameError, encode
+from .jsonrpc import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    TOO_BUSY,
+    RpcError,
+    Request,
+    error_response,
+    parse_request,
+    response,
+)
+from .state import Connection, Peer
+
+log = logging.getLogger("cod.rm.server")
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+READ_CHUNK = 256 << 10
+
+
+class SocketInUse(Exception):
+    """Another daemon answers on the socket path."""
+
+
+def peer_credentials(sock: socket.socket) -> Peer:
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    pid, uid, gid = _PEERCRED.unpack(raw)
+    return Peer(pid=pid, uid=uid, gid=gid)
+
+
+def claim_socket_path(path: str) -> None:
+    """Make `path` free to bind: remove a stale socket left by a crash, refuse a live one."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise SocketInUse(f"{path} exists and is not a socket; remove it or choose another --socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+    except OSError as err:
+        if err.errno in (errno.ECONNREFUSED, errno.ENOENT):
+            log.warning("removing stale socket %s left by a daemon that is gone", path)
+            os.unlink(path)
+            return
+        raise SocketInUse(f"cannot probe existing socket {path}: {err.strerror}") from None
+    finally:
+        probe.close()
+    raise SocketInUse(f"another COD RM is already serving on {path}")
+
+
+def _apply_socket_permissions(path: str, cfg: RMConfig) -> None:
+    uid = gid = -1
+    if cfg.socket_owner is not None:
+        uid = int(cfg.socket_owner) if cfg.socket_owner.isdigit() else pwd.getpwnam(cfg.socket_owner).pw_uid
+    if cfg.socket_group is not None:
+        gid = int(cfg.socket_group) if cfg.socket_group.isdigit() else grp.getgrnam(cfg.socket_group).gr_gid
+    if uid != -1 or gid != -1:
+        os.chown(path, uid, gid)
+    os.chmod(path, cfg.socket_mode)
+
+
+# A request handler: (connection, request) -> result, raising RpcError for error replies.
+Handler = Callable[[Connection, Request], Awaitable[Any]]
+
+
+class Transport:
+    def __init__(
+        self,
+        cfg: RMConfig,
+        *,
+        new_connection: Callable[[Peer], Connection],
+        handle: Handler,
+        immediate: frozenset[str],
+        connection_lost: Callable[[Connection], Awaitable[None]],
+    ) -> None:
+        self.cfg = cfg
+        self._new_connection = new_connection
+        self._handle = handle
+        self._immediate = immediate  # methods answered at once, ahead of the connection's queue
+        self._connection_lost = connection_lost
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._conn_tasks: set[asyncio.Task[None]] = set()
+        self._buffered_input = 0  # bytes of incomplete frames held for all connections
+        self.path = cfg.socket_path()
+
+    async def start(self) -> None:
+        claim_socket_path(self.path)
+        self._server = await asyncio.start_unix_server(
+            self._on_connect, path=self.path, limit=READ_CHUNK, backlog=1024
+        )
+        _apply_socket_permissions(self.path, self.cfg)
+        log.info("listening on %s", self.path)
+
+    @property
+    def connection_count(self) -> int:
+        return len(self._writers)
+
+    # ---- output ----------------------------------------------------------------------------
+    def send(self, conn: Connection, message: dict[str, Any]) -> None:
+        """Queue one message; a peer whose unread output passes the limit is disconnected."""
+        writer = self._writers.get(conn.id)
+        if writer is None or writer.is_closing():
+            return
+        try:
+            frame = encode(message, self.cfg.max_frame_bytes)
+        except FrameError as err:
+            frame = encode(error_response(message.get("id"), RpcError(INTERNAL_ERROR, f"reply too large: {err}")))
+        writer.write(frame)
+        if writer.transport.get_write_buffer_size() > self.cfg.max_output_buffer_bytes:
+            log.warning("connection %d (pid %d) does not read its messages; closing it", conn.id, conn.peer.pid)
+            writer.transport.abort()
+
+    # ---- input -----------------------------------------------------------------------------
+    async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conn_tasks.add(task)
+        try:
+            await self._serve(reader, writer)
+        except asyncio.CancelledError:
+            pass  # the daemon is closing; the connection is closed below
+        finally:
+            self._conn_tasks.discard(task)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = writer.get_extra_info("socket")
+        peer = peer_credentials(sock)
+        if len(self._writers) >= self.cfg.max_connections:
+            writer.write(encode(error_response(None, RpcError(TOO_BUSY, "too many connections"))))
+            writer.close()
+            return
+        conn = self._new_connection(peer)
+        self._writers[conn.id] = writer
+        conn.send = lambda msg, _c=conn: self.send(_c, msg)
+        log.debug("connection %d from pid %d uid %d", conn.id, peer.pid, peer.uid)
+        queue: asyncio.Queue[Request | None] = asyncio.Queue(self.cfg.max_inflight_per_connection)
+        worker = asyncio.create_task(self._run_queue(conn, queue, writer))
+        decoder = FrameDecoder(self.cfg.max_frame_bytes)
+        held = 0  # this connection's share of self._buffered_input
+        try:
+            while True:
+                data = await reader.read(READ_CHUNK)
+                if not data:
+                    if decoder.pending_bytes:
+                        log.info("connection %d closed in the middle of a frame", conn.id)
+                    break
+                try:
+                    bodies = decoder.feed(data)
+                except FrameError as err:
+                    # The stream cannot be resynchronised: say why, then hang up.
+                    self.send(conn, error_response(None, RpcError(INVALID_REQUEST, str(err))))
+                    log.info("connection %d: %s; closing", conn.id, err)
+                    break
+                self._buffered_input += decoder.pending_bytes - held
+                held = decoder.pending_bytes
+                if held and self._buffered_input > self.cfg.max_buffered_input_bytes:
+                    # Many peers each holding a large half-sent frame: refuse the one that adds more.
+                    self.send(conn, error_response(None, RpcError(
+                        TOO_BUSY, "the daemon holds too many incomplete frames; send whole frames")))
+                    log.warning("connection %d: input budget exhausted; closing", conn.id)
+                    break
+                for body in bodies:
+                    try:
+                        req = parse_request(body)
+                    except RpcError as err:
+                        rid = (err.data or {}).get("id")
+                        err.data = None
+                        self.send(conn, error_response(rid, err))
+                        continue
+                    if req.method in self._immediate:
+                        await self._answer(conn, req)
+                    else:
+                        await queue.put(req)
+        except (ConnectionError, OSError):
+            pass
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._buffered_input -= held
+            worker.cancel()
+            try:
+                await worker
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._writers.pop(conn.id, None)
+            try:
+                await self._connection_lost(conn)
+            except Exception:  # never let one client's cleanup kill the daemon
+                log.exception("cleaning up connection %d failed", conn.id)
+            writer.close()
+
+    async def _run_queue(
+        self, conn: Connection, queue: asyncio.Queue[Request | None], writer: asyncio.StreamWriter
+    ) -> None:
+        while True:
+            req = await queue.get()
+            if req is None:
+                return
+            await self._answer(conn, req)
+            try:
+                await writer.drain()
+            except (ConnectionError, OSError):
+                return
+
+    async def _answer(self, conn: Connection, req: Request) -> None:
+        try:
+            result = await self._handle(conn, req)
+            reply = response(req.id, result)
+        except RpcError as err:
+            reply = error_response(req.id, err)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            log.exception("internal error in %s", req.method)
+            reply = error_response(req.id, RpcError(INTERNAL_ERROR, f"internal error: {type(err).__name__}: {err}"))
+        if req.id is not None:
+            self.send(conn, reply)
+
+    # ---- shutdown --------------------------------------------------------------------------
+    async def close(self, farewell: dict[str, Any] | None) -> None:
+        """Stop accepting, tell every client, close every connection and remove the socket file."""
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._writers.values()):
+            if farewell is not None and not writer.is_closing():
+                try:
+                    writer.write(encode(farewell))
+                except Exception:
+                    pass
+        for writer in list(self._writers.values()):
+            try:
+                await asyncio.wait_for(writer.drain(), 0.5)
+            except Exception:
+                pass
+            writer.close()
+        for task in list(self._conn_tasks):
+            task.cancel()
+        if self._conn_tasks:
+            await asyncio.wait(list(self._conn_tasks), timeout=2.0)
+        try:
+            if self._server is not None:
+                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+        except Exception:
+            pass
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

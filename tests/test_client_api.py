@@ -1,0 +1,183 @@
+"""The Python client against a real daemon: calls, typed errors, upcalls in both handler modes, reconnection."""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+import time
+
+import pytest
+
+from cod.client import (
+    AdmissionRefused,
+    Client,
+    InvalidRequest,
+    NotConnected,
+    SKBError,
+    UnsafeGoal,
+    rsmgr_client_connect,
+    rsmgr_register_fn,
+    skb_add_fact,
+    skb_add_fn,
+    skb_execute_query,
+)
+from test_rm_support import magny, start_daemon  # noqa: F401  (magny is a fixture)
+
+
+def wait_until(pred, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_facts_queries_and_procedures(magny):
+    with Client.connect(str(magny.path), app="shop") as c:
+        assert c.add_facts(["price(apple, 3)", "price(pear, 5)", "price(fig, 9)"]) == 3
+        assert c.add_procedure("cheap(X) :- price(X, P), P < 6.") == ["cheap/1"]
+        assert c.execute_query("cheap(X)") == [{"X": "apple"}, {"X": "pear"}]
+        assert c.execute_query("cheap(X)", all_solutions=False) == [{"X": "apple"}]
+        assert c.remove_facts("price(pear, _)") == 1
+        assert c.execute_query("cheap(X)") == [{"X": "apple"}]
+        assert c.execute_query("get_nr_cores(N)") == [{"N": 48}]
+
+
+def test_errors_are_typed_and_carry_the_servers_code(magny, tmp_path):
+    with Client.connect(str(magny.path)) as c:
+        with pytest.raises(SKBError) as err:
+            c.execute_query("foo(")
+        assert err.value.code == -32040 and err.value.skb_code == "syntax_error"
+        with pytest.raises(UnsafeGoal):
+            c.execute_query("shell(ls)")
+        with pytest.raises(InvalidRequest) as err:
+            c.call("frobnicate")
+        assert err.value.code == -32601 and "frobnicate" in err.value.message
+        c.register_task("hog", min_cores=44)
+        with pytest.raises(AdmissionRefused) as err:
+            c.register_task("late", min_cores=10)
+        assert (err.value.requested, err.value.free) == (10, 4)
+    with pytest.raises(NotConnected, match="no COD RM answers"):
+        Client.connect(str(tmp_path / "nothing.sock"))
+
+
+def test_register_request_and_upcalls_on_the_handler_thread(magny):
+    seen: list[dict] = []
+    arrived: list[dict] = []
+    with Client.connect(str(magny.path), app="dbx") as a, Client.connect(str(magny.path), app="dby") as b:
+        sub = b.subscribe("task_arrived", None, arrived.append)
+        a.register_task("scan", max_cores=12, sensitive=["numa"], on_allocation=seen.append)
+        assert wait_until(lambda: seen and arrived)
+        assert threading.current_thread() is threading.main_thread()
+        assert arrived[0]["task"] == "scan" and arrived[0]["subscription"] == sub
+        alloc = a.request_allocation()
+        assert set(alloc) >= {"epoch", "cores", "numa_nodes", "memory_nodes"}
+        assert alloc["cores"] == seen[-1]["cores"] and len(alloc["cores"]) == 12
+        assert a.allocation() == a.allocation("scan") and a.allocation()["epoch"] == alloc["epoch"]
+        a.update_task(max_cores=6)
+        assert wait_until(lambda: len(seen[-1]["cores"]) == 6)
+        assert len(seen[-1]["removed"]) == 6 and seen[-1]["epoch"] > alloc["epoch"]
+        assert a.ack_allocation(seen[-1]["epoch"]) == seen[-1]["removed"]
+        b.unsubscribe(sub)
+        a.deregister_task()
+        assert b.list_tasks() == []
+
+
+def test_manual_dispatch_for_callers_with_their_own_loop(magny):
+    got: list[dict] = []
+    with Client.connect(str(magny.path), handlers="manual") as c, Client.connect(str(magny.path)) as other:
+        c.subscribe("task_left", {"task": "brief"}, got.append)
+        other.register_task("brief", max_cores=1)
+        other.deregister_task("brief")
+        ready, _, _ = select.select([c.fileno()], [], [], 5.0)
+        assert ready and got == []  # nothing runs until we dispatch
+        assert c.dispatch() == 1
+        assert got[0]["task"] == "brief" and got[0]["reason"] == "deregistered"
+        assert c.dispatch() == 0
+
+
+def test_many_threads_share_one_client(magny):
+    with Client.connect(str(magny.path)) as c:
+        c.add_facts([f"n({i})" for i in range(50)])
+        errors: list[BaseException] = []
+
+        def work(k: int) -> None:
+            try:
+                for i in range(100):
+                    j = (k * 7 + i) % 50
+                    assert c.execute_query(f"n({j})") == [{}]
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+
+
+def test_paper_aliases(magny):
+    events: list[dict] = []
+    c = rsmgr_client_connect(str(magny.path), app="cscs")
+    try:
+        rsmgr_register_fn(c, "facts_changed", {"predicate": "db_rtime"}, events.append)
+        assert skb_add_fact(c, "db_rtime(3000)") == 1
+        assert skb_add_fn(c, "twice(X, Y) :- Y is 2 * X.") == ["twice/2"]
+        assert skb_execute_query(c, "db_rtime(R), twice(R, Y)") == [{"R": 3000, "Y": 6000}]
+        assert wait_until(lambda: events) and events[0]["predicates"] == ["db_rtime"]
+        # ... and as methods of the client.
+        assert c.skb_add_fact("db_tsize(315)") == 1
+        assert c.skb_execute_query("db_tsize(T)") == [{"T": 315}]
+    finally:
+        c.close()
+
+
+def test_batch_is_one_round_trip_and_raises_the_first_error(magny):
+    with Client.connect(str(magny.path)) as c:
+        added, sols = c.batch([("add_facts", {"facts": ["b(1)", "b(2)"]}),
+                               ("execute_query", {"goal": "findall(X, b(X), L)"})])
+        assert added == {"added": 2} and sols["solutions"][0]["L"] == [1, 2]
+        with pytest.raises(SKBError):
+            c.batch([("execute_query", {"goal": "b("}), ("add_facts", {"facts": ["b(3)"]})])
+        assert c.execute_query("findall(X, b(X), L)")[0]["L"] == [1, 2]  # stopped at the error
+
+
+def test_client_survives_a_daemon_restart(tmp_path):
+    d = start_daemon(tmp_path, "--machine", "magnycours")
+    allocations: list[dict] = []
+    left: list[dict] = []
+    try:
+        c = Client.connect(str(d.path), app="durable", reconnect_timeout_s=20)
+        c.add_facts(["db_ntuple(3750000)", "gone(1)"])
+        c.remove_facts("gone(_)")
+        c.add_procedure("double(X) :- db_ntuple(N), X is 2 * N.")
+        c.register_task("durable", max_cores=4, on_allocation=allocations.append)
+        c.subscribe("task_left", None, left.append)
+        assert wait_until(lambda: allocations)
+        d.stop()
+        d.start()
+        # Everything the client had told the daemon is back, without any code of the application.
+        assert wait_until(lambda: any(a["epoch"] == 1 and len(a["cores"]) == 4 for a in allocations[1:]), 20)
+        assert c.execute_query("double(X)") == [{"X": 7500000}]
+        assert c.execute_query("findall(G, gone(G), L)")[0]["L"] == []
+        with Client.connect(str(d.path)) as other:
+            assert [t["task"] for t in other.list_tasks()] == ["durable"]
+            other.register_task("passing", max_cores=1)
+            other.deregister_task()
+        assert wait_until(lambda: [e["task"] for e in left] == ["passing"])
+        c.close()
+    finally:
+        d.stop()
+
+
+def test_closing_the_client_releases_its_task(magny):
+    gone: list[dict] = []
+    with Client.connect(str(magny.path)) as watcher:
+        watcher.subscribe("task_left", None, gone.append)
+        with Client.connect(str(magny.path)) as c:
+            c.register_task("shortlived", pid=os.getpid(), max_cores=2)
+        assert wait_until(lambda: gone)
+        assert gone[0]["task"] == "shortlived" and gone[0]["reason"] == "client disconnected"

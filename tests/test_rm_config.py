@@ -1,0 +1,53 @@
+"""Settings: defaults, TOML file, flags; bad values are named."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from cod.rm.config import ConfigError, build_config, default_socket_path
+
+
+def test_flags_override_the_file_which_overrides_defaults(tmp_path):
+    f = tmp_path / "rm.toml"
+    f.write_text('socket = "/tmp/x.sock"\nrevoke_deadline_s = 1.5\nsocket_mode = "0660"\nlog_level = "debug"\n')
+    cfg = build_config(f, log_level="warning")
+    assert cfg.socket_path() == "/tmp/x.sock"
+    assert cfg.revoke_deadline_s == 1.5
+    assert cfg.socket_mode == 0o660
+    assert cfg.log_level == "warning"
+
+
+def test_rm_table_is_accepted(tmp_path):
+    f = tmp_path / "rm.toml"
+    f.write_text('[rm]\nmachine = "barcelona"\n')
+    cfg = build_config(f)
+    assert cfg.machine == "barcelona" and cfg.enforce is False  # planning-only implies no enforcement
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [("sockett = 1", "unknown setting 'sockett'"), ("revoke_deadline_s = -1", "revoke_deadline_s"),
+     ("enforce = 3", "enforce"), ("socket_mode = \"rwx\"", "socket_mode"), ("x = [", "not valid TOML"),
+     ('log_level = "loud"', "log level")],
+)
+def test_bad_settings_are_named(tmp_path, text, needle):
+    f = tmp_path / "rm.toml"
+    f.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=needle.replace("[", r"\[")):
+        build_config(f)
+
+
+def test_machine_and_hwloc_exclude_each_other():
+    with pytest.raises(ConfigError, match="not both"):
+        build_config(None, machine="magnycours", hwloc="/x.xml")
+
+
+def test_default_socket_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("COD_SOCKET", "/tmp/elsewhere.sock")
+    assert default_socket_path() == "/tmp/elsewhere.sock"
+    monkeypatch.delenv("COD_SOCKET")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    expected = "/run/cod/rm.sock" if os.geteuid() == 0 else "/run/user/1000/cod/rm.sock"
+    assert default_socket_path() == expected
