@@ -9,6 +9,7 @@ engine works.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import signal
@@ -34,12 +35,81 @@ if TYPE_CHECKING:
 log = logging.getLogger("cod.skb")
 
 
+class _EngineProtocol(asyncio.SubprocessProtocol):
+    """Reply lines from the engine's stdout, handed to one waiter at a time.
+
+    A bare protocol instead of asyncio streams plus wait_for: on this path
+    every microsecond counts (docs/design.md), and streams cost a task and
+    several wake-ups per line.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._lines: collections.deque[bytes] = collections.deque()
+        self._waiter: asyncio.Future[bytes] | None = None
+        self.exited = False
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        if fd != 1:
+            return
+        self._buffer += data
+        if len(self._buffer) > MAX_REPLY_BYTES:
+            self._buffer.clear()
+            self._fail(SKBError("resource", f"reply larger than {MAX_REPLY_BYTES} bytes"))
+            return
+        while True:
+            nl = self._buffer.find(b"\n")
+            if nl < 0:
+                break
+            self._lines.append(bytes(self._buffer[:nl]))
+            del self._buffer[: nl + 1]
+        self._deliver()
+
+    def _deliver(self) -> None:
+        w = self._waiter
+        if w is not None and self._lines and not w.done():
+            self._waiter = None
+            w.set_result(self._lines.popleft())
+
+    def _fail(self, exc: BaseException) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            self._waiter = None
+            w.set_exception(exc)
+
+    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
+        if fd == 1:
+            self.exited = True
+            self._fail(EOFError())
+
+    def process_exited(self) -> None:
+        self.exited = True
+        self._fail(EOFError())
+
+    def next_line(self, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[bytes]":
+        fut: asyncio.Future[bytes] = loop.create_future()
+        if self._lines:
+            fut.set_result(self._lines.popleft())
+        elif self.exited:
+            fut.set_exception(EOFError())
+        else:
+            self._waiter = fut
+        return fut
+
+
+def _expire(fut: "asyncio.Future[bytes]") -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
 class AsyncSKB:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self._journal = Journal()
         self._next_id = 0
-        self._proc: asyncio.subprocess.Process | None = None
+        self._transport: asyncio.SubprocessTransport | None = None
+        self._protocol: _EngineProtocol | None = None
+        self._stdin: asyncio.WriteTransport | None = None
         self._lock = asyncio.Lock()
         self.restarts = 0
 
@@ -64,38 +134,56 @@ class AsyncSKB:
 
     # ---- lifecycle ---------------------------------------------------
     async def _spawn(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
-            self._proc = await asyncio.create_subprocess_exec(
+            transport, protocol = await loop.subprocess_exec(
+                _EngineProtocol,
                 *self.config.command(),
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
+                stderr=None,
                 start_new_session=True,
-                limit=MAX_REPLY_BYTES,
             )
         except OSError as err:
             raise SKBError(
                 "engine", f"cannot start SWI-Prolog ({self.config.swipl}): {err}; install swi-prolog-nox"
             ) from err
-        assert self._proc.stdout is not None
+        self._transport, self._protocol = transport, protocol
+        self._stdin = transport.get_pipe_transport(0)  # type: ignore[assignment]
         try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), STARTUP_TIMEOUT_S)
-        except asyncio.TimeoutError:
+            line = await self._read_line(loop, STARTUP_TIMEOUT_S)
+        except (TimeoutError, EOFError):
             line = b""
         if b'"ready"' not in line:
             await self._kill()
             raise SKBError("engine", f"SWI-Prolog did not start: {line!r}")
 
+    async def _read_line(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> bytes:
+        assert self._protocol is not None
+        fut = self._protocol.next_line(loop)
+        timer = loop.call_later(timeout_s, _expire, fut)
+        try:
+            return await fut
+        finally:
+            timer.cancel()
+
     async def _kill(self) -> None:
-        proc = self._proc
-        if proc is None:
+        transport = self._transport
+        if transport is None:
             return
-        if proc.returncode is None:
+        pid = transport.get_pid()
+        if transport.get_returncode() is None:
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        await proc.wait()
-        self._proc = None
+        transport.close()
+        # Reap the child: wait until the transport has seen the exit.
+        for _ in range(200):
+            if transport.get_returncode() is not None:
+                break
+            await asyncio.sleep(0.01)
+        self._transport = self._protocol = self._stdin = None
 
     async def _restart(self) -> None:
         await self._kill()
@@ -104,52 +192,45 @@ class AsyncSKB:
         await self._spawn()
         for op in self._journal.ops():
             try:
-                await self._exchange(op)
-            except (SKBError, EOFError) as err:
+                await self._exchange(op, STARTUP_TIMEOUT_S)
+            except (SKBError, EOFError, TimeoutError) as err:
                 log.error("SKB replay of %s failed: %s", op.text[:80], err)
 
     async def close(self) -> None:
-        proc = self._proc
-        if proc is None:
+        transport = self._transport
+        if transport is None:
             return
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 2)
-        except asyncio.TimeoutError:
-            pass
+        if self._stdin is not None:
+            self._stdin.close()  # end of file: the engine halts
+        for _ in range(200):
+            if transport.get_returncode() is not None:
+                break
+            await asyncio.sleep(0.01)
         await self._kill()
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        return self._transport.get_pid() if self._transport else None
 
     # ---- transport ---------------------------------------------------
-    async def _exchange(self, op: Op) -> Any:
-        proc = self._proc
-        if proc is None:
-            raise SKBError("engine", "the SKB is closed")
-        assert proc.stdin is not None and proc.stdout is not None
+    async def _exchange(self, op: Op, timeout_s: float) -> Any:
+        if self._stdin is None or self._protocol is None or self._protocol.exited:
+            raise EOFError
         self._next_id += 1
         request_id = self._next_id
-        try:
-            proc.stdin.write(codec.request_line(request_id, op))
-            await proc.stdin.drain()
-            line = await proc.stdout.readline()
-        except (BrokenPipeError, ConnectionResetError):
-            raise EOFError from None
-        except ValueError as err:  # line longer than the stream limit
-            raise SKBError("resource", f"reply larger than {MAX_REPLY_BYTES} bytes") from err
-        if not line:
-            raise EOFError
+        loop = asyncio.get_running_loop()
+        self._stdin.write(codec.request_line(request_id, op))
+        line = await self._read_line(loop, timeout_s)
         return codec.decode_reply(line, request_id)
 
     async def _run(self, op: Op, timeout_s: float | None = None) -> Any:
         wait = (timeout_s if timeout_s is not None else self.config.query_timeout_s) + WATCHDOG_GRACE_S
         async with self._lock:
+            if self._transport is None:
+                raise SKBError("engine", "the SKB is closed")
             try:
-                result = await asyncio.wait_for(self._exchange(op), wait)
-            except asyncio.TimeoutError:
+                result = await self._exchange(op, wait)
+            except TimeoutError:
                 await self._restart()
                 raise SKBError(
                     "timeout", f"the engine did not answer within {wait:.1f} s; it was restarted"
