@@ -46,7 +46,8 @@ Everything an application sends is untrusted:
     app/2,              % App, Module
     library_module/1,   % Module
     pending_declaration/2, % Module, PI: declared while checking a procedure
-    safe_cache/2.       % Module, GoalVariant
+    safe_cache/2,       % Hash, Module: variant_sha1 of a goal found safe in Module
+    safe_cache_size/2.  % Module, Count
 
 %!  app_module(+App, -Module) is det.
 %
@@ -102,7 +103,8 @@ register_library(Module) :-
                add_import_module(M, Module, end),
                add_import_module(M, system, end)
            )),
-    retractall(safe_cache(_, _)).
+    retractall(safe_cache(_, _)),
+    retractall(safe_cache_size(_, _)).
 
 :- multifile sandbox:safe_primitive/1.
 
@@ -140,7 +142,7 @@ drop_app(App) :-
                  functor(H, Name, Arity),
                  \+ predicate_property(M:H, imported_from(_)) ),
                abolish(M:Name/Arity)),
-        retractall(safe_cache(M, _))
+        forget_safe_goals(M)
     ;   true
     ).
 
@@ -230,7 +232,7 @@ remove_facts(App, Text, Count) :-
     ->  aggregate_all(count, retract(M:Pattern), Count)
     ;   Count = 0
     ),
-    retractall(safe_cache(M, _)).
+    forget_safe_goals(M).
 
 %!  list_facts(+App, +Predicate, -Texts) is det.
 %
@@ -289,7 +291,7 @@ add_procedure(App, Text, PIs) :-
     forall(member(Name/Arity, PIs),
            ( functor(G, Name, Arity), retractall(M:G) )),
     forall(member(H-B, Clauses), assertz(M:(H:-B))),
-    retractall(safe_cache(M, _)).
+    forget_safe_goals(M).
 
 clause_parts(Term-_, H-B) :-
     (   Term = (H0:-B0)
@@ -533,12 +535,29 @@ first_solution(Template, Goal, [Template]) :-
 first_solution(_, _, []).
 
 check_query_goal(M, Goal) :-
-    (   safe_cache(M, Cached), Cached =@= Goal
+    variant_sha1(Goal, Hash),
+    (   safe_cache(Hash, M)
     ->  true
     ;   check_code_terms(Goal),
         safe_goal(M:Goal),
-        assertz(safe_cache(M, Goal))
+        remember_safe_goal(Hash, M)
     ).
+
+%   The cache of goals found safe is keyed by the goal's variant hash (so a
+%   lookup is one indexed clause access) and bounded per application: an
+%   application sending ever new goals only refills it.
+remember_safe_goal(Hash, M) :-
+    (   retract(safe_cache_size(M, N0)) -> true ; N0 = 0 ),
+    (   N0 >= 10000
+    ->  retractall(safe_cache(_, M)), N = 1
+    ;   N is N0 + 1
+    ),
+    assertz(safe_cache_size(M, N)),
+    assertz(safe_cache(Hash, M)).
+
+forget_safe_goals(M) :-
+    retractall(safe_cache(_, M)),
+    retractall(safe_cache_size(M, _)).
 
 %   limited(+App, :Runner, +Seconds, +Inferences)
 %   Run with the limits, on behalf of App (see current_app/1).  The
