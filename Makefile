@@ -39,6 +39,7 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(VPY) clients/python/examples/demo.py
+	$(VPY) clients/python/examples/run_demo.py
 
 test: setup
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
