@@ -1,0 +1,166 @@
+"""`cod plan`: the allocation for a task list on any machine, without a daemon.
+
+The task file (JSON or TOML) is ``{"tasks": [{"name": ..., ...}, ...]}`` with the
+keys of :class:`cod.rm.allocator.TaskSpec`; the current allocation file (JSON
+or TOML) maps task names to CPU lists: ``{"cscs": [0, 1, 2]}``.  Infeasible
+allocations are printed and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from cod.facts import from_args
+from cod.facts.model import FactsError, Machine
+from cod.rm.allocator import SOLVERS, AllocationResult, TaskSpec, TaskSpecError, allocate
+from cod.rm.allocator.topology import build_view
+
+from .errors import UserError
+from .facts_cmd import add_machine_source
+
+INFEASIBLE_STATUS = 2
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan", help="compute the CPU allocation for a task list",
+        description="Compute the global CPU allocation for a task list (TOML or JSON) "
+        "on a machine (default: this machine), without a daemon.")
+    add_machine_source(parser)
+    parser.add_argument("--tasks", metavar="FILE", required=True,
+                        help='task list: {"tasks": [{"name": ..., "min_cores": ...}, ...]}')
+    parser.add_argument("--current", metavar="FILE",
+                        help='current allocation: {"task": [cpu, ...], ...}')
+    parser.add_argument("--unavailable", metavar="CPUS", default="",
+                        help="CPUs busy with other work, e.g. 0,4-7")
+    parser.add_argument("--solver", choices=SOLVERS, default="cpsat")
+    parser.add_argument("--time-limit", type=float, default=1.0, metavar="SECONDS")
+    parser.add_argument("--format", choices=("json", "text"), default="text")
+    parser.set_defaults(func=run)
+
+
+def _read(path: str, what: str) -> Any:
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as err:
+        raise UserError(f"{what} {path}: {err.strerror}") from None
+    try:
+        if p.suffix == ".toml":
+            return tomllib.loads(raw.decode())
+        if p.suffix == ".json":
+            return json.loads(raw)
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return tomllib.loads(raw.decode())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{what} {path}: neither valid JSON nor TOML: {err}") from None
+
+
+def load_tasks(path: str) -> list[TaskSpec]:
+    data = _read(path, "task file")
+    if not isinstance(data, dict) or not isinstance(data.get("tasks"), list):
+        raise UserError(f"task file {path}: expected a top-level 'tasks' list")
+    extra = sorted(k for k in data if k != "tasks")
+    if extra:
+        raise UserError(f"task file {path}: unknown top-level key {extra[0]!r}")
+    try:
+        return [TaskSpec.from_dict(d) for d in data["tasks"]]
+    except (TaskSpecError, TypeError) as err:
+        raise UserError(f"task file {path}: {err}") from None
+
+
+def load_current(path: str) -> dict[str, list[int]]:
+    data = _read(path, "current allocation")
+    if not isinstance(data, dict):
+        raise UserError(f"current allocation {path}: expected a table of task -> CPU list")
+    out = {}
+    for name, cpus in data.items():
+        if not isinstance(cpus, list) or not all(isinstance(c, int) and not isinstance(c, bool) for c in cpus):
+            raise UserError(f"current allocation {path}: task {name!r}: expected a list of CPU numbers")
+        out[str(name)] = cpus
+    return out
+
+
+def parse_cpulist(text: str) -> list[int]:
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            lo, _, hi = part.partition("-")
+            out.extend(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            raise UserError(f"--unavailable: bad CPU list element {part!r}") from None
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        machine = from_args(sysfs_root=args.sysfs_root, hwloc=args.hwloc, machine=args.machine)
+    except FactsError as err:
+        raise UserError(str(err), 2) from None
+    tasks = load_tasks(args.tasks)
+    current = load_current(args.current) if args.current else None
+    unavailable = parse_cpulist(args.unavailable)
+    try:
+        result = allocate(machine, tasks, current, unavailable=unavailable,
+                          solver=args.solver, time_limit_s=args.time_limit)
+    except (TaskSpecError, ValueError) as err:
+        raise UserError(str(err)) from None
+    if args.format == "json":
+        sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
+    else:
+        sys.stdout.write(render_text(machine, result, unavailable))
+    return INFEASIBLE_STATUS if result.status == "infeasible" else 0
+
+
+def render_text(machine: Machine, result: AllocationResult, unavailable: list[int] = ()) -> str:
+    """The paper's Figure 4: one row per task, one column per CPU, grouped by node and L3."""
+    view = build_view(machine, unavailable)
+    lines = [f"status: {result.status} (solver {result.solver}, {result.solve_ms:.2f} ms)"]
+    if result.reason:
+        lines.append(f"reason: {result.reason}")
+    cpus = sorted(view.cpus, key=lambda c: (view.node_of[c], view.domain_of[c], c))
+    width = max(len(str(c)) for c in cpus) + 1 if cpus else 2
+    label_w = max([len(t.name) for t in result.tasks] + [5])
+
+    def row(label: str, cells: list[str]) -> str:
+        out, prev = [label.ljust(label_w)], None
+        for c, cell in zip(cpus, cells):
+            group = (view.node_of[c], view.domain_of[c])
+            if group != prev:
+                out.append(" |")
+                prev = group
+            out.append(cell.rjust(width))
+        return "".join(out) + " |"
+
+    spans: list[list[int]] = []  # runs of CPUs sharing node and L3 domain
+    for c in cpus:
+        if not spans or (view.node_of[c], view.domain_of[c]) != (view.node_of[spans[-1][0]], view.domain_of[spans[-1][0]]):
+            spans.append([])
+        spans[-1].append(c)
+
+    def group_row(label: str, key, name) -> str:
+        out, prev = [label.ljust(label_w)], None
+        for members in spans:
+            k = key(members[0])
+            text = name(k) if k != prev else ""
+            prev = k
+            out.append(" |" + text[: width * len(members)].ljust(width * len(members)))
+        return "".join(out) + " |"
+
+    lines.append(group_row("NUMA", lambda c: view.node_of[c], lambda n: f" node {n}" if n >= 0 else " node ?"))
+    lines.append(group_row("L3", lambda c: view.domain_of[c], lambda d: " " + view.domain_labels[d]))
+    lines.append(row("CPU", [str(c) for c in cpus]))
+    for t in result.tasks:
+        held = set(t.cores)
+        lines.append(row(t.name, ["X" if c in held else "." for c in cpus]))
+    for t in result.tasks:
+        lines.append(f"{t.name}: {len(t.cores)} CPUs on node(s) {','.join(map(str, t.numa_nodes)) or '-'}; "
+                     f"bound by: {', '.join(t.binding) or '-'}")
+    return "\n".join(lines) + "\n"

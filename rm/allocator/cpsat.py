@@ -1,0 +1,421 @@
+"""The count model: how many CPUs each task gets in each class, solved by CP-SAT.
+
+CPUs of one class (same L3 domain, NUMA node and SMT width, see
+:mod:`cod.rm.allocator.topology`) are interchangeable, so the model decides
+integer counts per (task, class) and :mod:`cod.rm.allocator.mapping` turns them
+into CPU numbers, keeping the CPUs tasks already hold.  Size: tasks x classes
+integer variables instead of tasks x CPUs booleans.
+
+Task kinds: E1 = exclusive without SMT sharing (takes whole cores), E2 =
+exclusive with SMT sharing, S = shareable (all S tasks of a class draw from
+one shared pool of PUs).
+
+Variables, per task t and class g (k threads per core, n cores):
+  x[t,g] in [0, k*n]   PUs of t in g;
+  c[t,g] in [0, n]     cores of E1 task t in g (only when k > 1);
+  s[g]   in [0, k*n]   PUs of the shared pool in g (only with S tasks);
+  kept[t,g]            PUs of t's current allocation in g it keeps;
+  z[t,node], y[t,dom]  booleans: t uses that node / domain (sensitive tasks).
+
+Constraints (numbered as in :mod:`cod.rm.allocator.check`):
+  C2  min_t <= sum_g x[t,g] <= max_t;
+  C3+C6  per g: sum_E1 k*c + sum_E2 x + s <= k*n; c <= x <= k*c for E1; x <= s for S;
+  C4  per node N with known free memory: sum_t ws_t * sum_{g on N} x[t,g] <= free_N;
+  C5  per domain D, cache-sensitive t, polluter u != t: y[t,D] + y[u,D] <= 1;
+  link x[t,g] <= min(k*n, max_t) * y[t,dom(g)] and likewise with z[t,node(g)].
+Objective terms (lexicographic, O1 is C2's lower bound):
+  O2  per priority level, highest first: maximise sum of x;
+  O3  minimise sum z over numa-sensitive tasks + sum y over cache-sensitive ones;
+  O4  maximise sum kept (kept <= x, kept <= current PUs of t in g): fewest moves.
+O2 is not weighted: the levels are fixed to the optimum of a class-free
+relaxation (:func:`relaxed_levels`) when that is reachable, else solved in
+stages (see :func:`solve_counts`); O3 and O4 are one weighted objective,
+(kept_max + 1) * -O3 + O4, which is exactly lexicographic.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ortools.sat.python import cp_model
+
+from .check import effective_max, priority_levels
+from .model import TaskSpec
+from .topology import View
+
+_DEBUG = bool(os.environ.get("COD_ALLOC_DEBUG"))
+_PARAMS: dict = {}  # overrides for experiments (bench)
+
+
+@dataclass
+class CountSolution:
+    status: str  # "optimal" | "feasible" | "infeasible" | "unknown"
+    counts: dict[str, dict[int, int]]  # task -> class index -> PUs
+    cores: dict[str, dict[int, int]]  # E1 task -> class index -> whole cores
+    pool: dict[int, int]  # class index -> shared pool PUs
+    # feasible only: relative gap of the term being optimised when time ran out
+    # (a priority level's sum, or the weighted O3/O4 once every level is proven)
+    gap: float | None = None
+
+
+def is_e1(t: TaskSpec) -> bool:
+    return t.exclusive and not t.allow_smt_sharing
+
+
+@dataclass
+class _Model:
+    m: cp_model.CpModel
+    x: dict[tuple[str, int], cp_model.IntVar]
+    c: dict[tuple[str, int], cp_model.IntVar]
+    pool: dict[int, cp_model.IntVar]
+    levels: list[cp_model.LinearExprT]  # O2 per priority level, highest first
+    level_caps: list[int]
+    spread: cp_model.LinearExprT  # O3 (to minimise)
+    spread_cap: int
+    kept: cp_model.LinearExprT  # O4 (to maximise)
+    kept_cap: int
+
+
+def _build(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]]) -> _Model:
+    m = cp_model.CpModel()
+    G = view.classes
+    class_of = {c: g.index for g in G for c in g.cpus}
+    x: dict[tuple[str, int], cp_model.IntVar] = {}
+    c: dict[tuple[str, int], cp_model.IntVar] = {}
+    kept: list[cp_model.IntVar] = []
+    total_current = 0
+    shared = [t for t in tasks if not t.exclusive]
+    pool = {g.index: m.new_int_var(0, g.size, f"s{g.index}") for g in G} if shared else {}
+
+    for t in tasks:
+        hi = effective_max(t, view)
+        cur_in: dict[int, int] = {}
+        for cpu in current.get(t.name, ()):
+            if cpu in class_of:
+                cur_in[class_of[cpu]] = cur_in.get(class_of[cpu], 0) + 1
+        total_current += sum(cur_in.values())
+        for g in G:
+            v = m.new_int_var(0, min(g.size, hi), f"x{t.name}_{g.index}")
+            x[t.name, g.index] = v
+            if is_e1(t) and g.threads > 1:
+                cv = m.new_int_var(0, len(g.cores), f"c{t.name}_{g.index}")
+                c[t.name, g.index] = cv
+                m.add(cv <= v)
+                m.add(v <= g.threads * cv)
+            if not t.exclusive:
+                m.add(v <= pool[g.index])
+            if cur_in.get(g.index):
+                kv = m.new_int_var(0, cur_in[g.index], f"k{t.name}_{g.index}")
+                m.add(kv <= v)
+                kept.append(kv)
+        m.add_linear_constraint(sum(x[t.name, g.index] for g in G), t.min_cores, hi)  # C2
+
+    for g in G:  # C3 + C6
+        load = []
+        for t in tasks:
+            if not t.exclusive:
+                continue
+            if (t.name, g.index) in c:
+                load.append(g.threads * c[t.name, g.index])
+            else:
+                load.append(x[t.name, g.index])
+        if shared:
+            load.append(pool[g.index])
+        if load:
+            m.add(sum(load) <= g.size)
+
+    # C4, divided by the gcd of the working sets: same solutions, small coefficients.
+    unit = math.gcd(*(t.working_set_bytes for t in tasks))
+    for node, free in view.node_free.items():
+        if free is None or not unit:
+            continue
+        node_size = sum(g.size for g in G if g.node == node)
+        if sum(t.working_set_bytes for t in tasks) * node_size <= free:
+            continue  # cannot bind
+        m.add(sum(t.working_set_bytes // unit * x[t.name, g.index]
+                  for t in tasks if t.working_set_bytes for g in G if g.node == node) <= free // unit)
+
+    # Usage indicators for sensitive tasks (O3) and the cache rule (C5).
+    polluters = [t for t in tasks if t.pollutes_cache]
+    cache_sens = [t for t in tasks if "cache" in t.sensitive]
+    need_y = {t.name for t in cache_sens}
+    if cache_sens:
+        need_y |= {t.name for t in polluters}
+    y: dict[tuple[str, int], cp_model.IntVar] = {}
+    z: dict[tuple[str, int], cp_model.IntVar] = {}
+    for t in tasks:
+        if t.name in need_y:
+            for d in range(view.n_domains):
+                gs = [g for g in G if g.domain == d]
+                yv = m.new_bool_var(f"y{t.name}_{d}")
+                y[t.name, d] = yv
+                for g in gs:
+                    m.add(x[t.name, g.index] <= min(g.size, effective_max(t, view)) * yv)
+        if "numa" in t.sensitive:
+            for node in view.nodes:
+                zv = m.new_bool_var(f"z{t.name}_{node}")
+                z[t.name, node] = zv
+                for g in G:
+                    if g.node == node:
+                        m.add(x[t.name, g.index] <= min(g.size, effective_max(t, view)) * zv)
+    for t in cache_sens:  # C5
+        for u in polluters:
+            if u.name != t.name:
+                for d in range(view.n_domains):
+                    m.add(y[t.name, d] + y[u.name, d] <= 1)
+    levels, caps = [], []
+    for p in priority_levels(tasks):
+        level = [t for t in tasks if t.priority == p]
+        levels.append(sum(x[t.name, g.index] for t in level for g in G))
+        caps.append(sum(effective_max(t, view) for t in level))
+    spread = [z[k] for k in z] + [y[t.name, d] for t in cache_sens for d in range(view.n_domains)]
+    return _Model(m, x, c, pool, levels, caps, sum(spread) if spread else 0, len(spread),
+                  sum(kept) if kept else 0, total_current)
+
+
+def _add_hint(view: View, tasks: Sequence[TaskSpec], mod: _Model,
+              hint: Mapping[str, Sequence[int]] | None) -> None:
+    if not hint:
+        return
+    class_of = {c: g.index for g in view.classes for c in g.cpus}
+    pool: dict[int, int] = {}
+    for t in tasks:
+        per: dict[int, set[int]] = {}
+        for cpu in hint.get(t.name, ()):
+            if cpu in class_of:
+                per.setdefault(class_of[cpu], set()).add(cpu)
+        for g in view.classes:
+            cpus = per.get(g.index, set())
+            mod.m.add_hint(mod.x[t.name, g.index], len(cpus))
+            if (t.name, g.index) in mod.c:
+                mod.m.add_hint(mod.c[t.name, g.index], len({view.core_of[c] for c in cpus}))
+            if not t.exclusive:
+                pool[g.index] = max(pool.get(g.index, 0), len(cpus))
+    for gi, v in mod.pool.items():
+        mod.m.add_hint(v, pool.get(gi, 0))
+
+
+def _solver(workers: int, seconds: float) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.log_search_progress = _DEBUG
+    solver.parameters.max_time_in_seconds = max(0.001, seconds)
+    # Presolve dominated on 384 threads (0.3 s before the first solution with
+    # 128 tasks); symmetry detection and probing are its costly parts here.
+    # 32 tasks: 1.0 s -> 0.29 s to optimal; 128 tasks: no solution -> one.
+    solver.parameters.symmetry_level = 0
+    solver.parameters.cp_model_probing_level = 0
+    for k, v in _PARAMS.items():
+        setattr(solver.parameters, k, v)
+    return solver
+
+
+def _lower_objective(mod: _Model) -> cp_model.LinearExprT:
+    """O3 then O4 as one weighted objective to maximise (exactly lexicographic)."""
+    return (mod.kept_cap + 1) * (-mod.spread) + mod.kept
+
+
+def solve_counts(
+    view: View,
+    tasks: Sequence[TaskSpec],
+    current: Mapping[str, Sequence[int]],
+    time_limit_s: float,
+    workers: int = 1,
+    hint: Mapping[str, Sequence[int]] | None = None,
+) -> CountSolution:
+    """Solve in the order that makes proofs cheap:
+
+    1. U = lexicographic optimum of O2 in the class-free relaxation
+       (:func:`relaxed_levels`); infeasible there means infeasible.
+    2. Fix every level sum to U and optimise O3, O4.  Feasible: U is reached,
+       so O2 is optimal, and the answer is optimal when this solve is.
+    3. Otherwise (the relaxation was not tight): stages.  For each level, a
+       fresh relaxation bound with the earlier levels fixed is added as a cut,
+       the level is maximised and fixed; then O3, O4 as in 2.
+
+    ``hint`` (e.g. the greedy allocation) seeds every solve with its counts.
+    Time: each relaxation gets at most a quarter of what is left, step 2 at
+    most half; the model build is included in ``time_limit_s`` only loosely
+    (it is not interruptible).
+    """
+    deadline = time.perf_counter() + time_limit_s
+    relaxed = relaxed_levels(view, tasks, [], workers, time_limit_s / 4)
+    if relaxed is None:
+        return CountSolution("infeasible", {}, {}, {})
+    mod = _build(view, tasks, current)
+    _add_hint(view, tasks, mod, hint)
+    for e, u in zip(mod.levels, relaxed):
+        mod.m.add(e == u)
+    mod.m.maximize(_lower_objective(mod))
+    solver = _solver(workers, (deadline - time.perf_counter()) / 2)
+    st = solver.solve(mod.m)
+    if _DEBUG:
+        print("fixed-levels", solver.status_name(st), solver.wall_time, file=sys.stderr)
+    # Out of time: another model would only overrun the limit further.
+    out_of_time = deadline - time.perf_counter() < 0.1 * time_limit_s
+    if st == cp_model.UNKNOWN and out_of_time:
+        return CountSolution("unknown", {}, {}, {})
+    if st in (cp_model.INFEASIBLE, cp_model.UNKNOWN):
+        mod = _build(view, tasks, current)
+        _add_hint(view, tasks, mod, hint)
+        fixed: list[int] = []
+        last_good: cp_model.CpSolver | None = None
+        for i, e in enumerate(mod.levels):
+            if deadline - time.perf_counter() < 0.05 * time_limit_s:
+                st = cp_model.UNKNOWN
+                break
+            bound = relaxed_levels(view, tasks, fixed, workers, (deadline - time.perf_counter()) / 4)
+            if bound is None:
+                return CountSolution("infeasible", {}, {}, {})
+            mod.m.add(e <= bound[i])
+            mod.m.maximize(e)
+            solver = _solver(workers, deadline - time.perf_counter())
+            st = solver.solve(mod.m)
+            if _DEBUG:
+                print("stage", i, solver.status_name(st), solver.wall_time, file=sys.stderr)
+            if st != cp_model.OPTIMAL:
+                break
+            last_good = solver
+            fixed.append(int(solver.value(e)))
+            mod.m.add(e == fixed[-1])
+        else:
+            mod.m.maximize(_lower_objective(mod))
+            solver = _solver(workers, deadline - time.perf_counter())
+            st = solver.solve(mod.m)
+        if st == cp_model.UNKNOWN and last_good is not None:
+            # time ran out in a later stage: the last proven stage's solution stands
+            solver, st = last_good, cp_model.FEASIBLE
+    if st == cp_model.INFEASIBLE:
+        return CountSolution("infeasible", {}, {}, {})
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return CountSolution("unknown", {}, {}, {})
+    gap = None
+    if st == cp_model.FEASIBLE:
+        bound, value = solver.best_objective_bound, solver.objective_value
+        gap = abs(bound - value) / max(1.0, abs(bound)) or None  # 0: a later stage timed out
+    G = view.classes
+    return CountSolution(
+        "optimal" if st == cp_model.OPTIMAL else "feasible",
+        {t.name: {g.index: int(solver.value(mod.x[t.name, g.index])) for g in G} for t in tasks},
+        _cores(solver, mod.c),
+        {gi: int(solver.value(v)) for gi, v in mod.pool.items()},
+        gap,
+    )
+
+
+def _cores(solver: cp_model.CpSolver, c: dict[tuple[str, int], cp_model.IntVar]) -> dict[str, dict[int, int]]:
+    out: dict[str, dict[int, int]] = {}
+    for (name, gi), v in c.items():
+        out.setdefault(name, {})[gi] = int(solver.value(v))
+    return out
+
+
+def _weights(bounds: list[int]) -> list[int] | None:
+    """Weights making a weighted sum lexicographic, or None if they exceed 62 bits."""
+    weights = [1]
+    for ub in reversed(bounds[1:]):
+        weights.append(weights[-1] * (ub + 1))
+    weights.reverse()
+    if weights[0] * (bounds[0] + 1) >= 1 << 62:
+        return None
+    return weights
+
+
+def relaxed_levels(
+    view: View, tasks: Sequence[TaskSpec], fixed: Sequence[int], workers: int = 1,
+    time_limit_s: float = 1.0,
+) -> list[int] | None:
+    """Upper bounds of O2 per priority level from a relaxation without classes.
+
+    Per task only its total X_t; C3+C6 become one machine-wide capacity (an E1
+    task's PUs rounded up to whole cores of the gcd of the SMT widths), C4 one
+    machine-wide memory budget, C5 a choice of polluted domains: cache-sensitive
+    tasks fit in the others, polluters in those.  Every allocation maps to a
+    solution of this relaxation with the same O2, so its lexicographic optimum
+    bounds O2 from above; ``fixed`` pins the sums of the first levels.  None:
+    infeasible, so the real problem is too.  Tiny model: one variable per task.
+    """
+    levels = priority_levels(tasks)
+    k = math.gcd(*(g.threads for g in view.classes)) if view.classes else 1
+    m = cp_model.CpModel()
+    X = {t.name: m.new_int_var(t.min_cores, effective_max(t, view), f"X{t.name}") for t in tasks}
+    total = len(view.cpus)
+    load = []
+    usage: dict[str, cp_model.LinearExprT] = {}  # PUs a task keeps from others
+    shared = [t for t in tasks if not t.exclusive]
+    if shared:
+        pool = m.new_int_var(0, total, "P")
+        for t in shared:
+            m.add(X[t.name] <= pool)
+            usage[t.name] = X[t.name]
+        load.append(pool)
+    for t in tasks:
+        if not t.exclusive:
+            continue
+        if is_e1(t) and k > 1:
+            cores = m.new_int_var(0, total // k, f"C{t.name}")
+            m.add(k * cores >= X[t.name])
+            usage[t.name] = k * cores
+        else:
+            usage[t.name] = X[t.name]
+        load.append(usage[t.name])
+    m.add(sum(load) <= total)
+    # C5 in aggregate: every domain is "clean" (cache-sensitive tasks may go
+    # there), "polluted" (plain polluters may), or owned by one task that both
+    # pollutes and is cache-sensitive (it may share with neither kind).
+    polluters = [t for t in tasks if t.pollutes_cache and "cache" not in t.sensitive]
+    sensitive = [t for t in tasks if "cache" in t.sensitive and not t.pollutes_cache]
+    isolated = [t for t in tasks if t.pollutes_cache and "cache" in t.sensitive]
+    if isolated or (polluters and sensitive):
+        cap = [0] * view.n_domains
+        for g in view.classes:
+            cap[g.domain] += g.size
+        kinds = ["clean", "polluted"] + [t.name for t in isolated]
+        kind = {(d, k): m.new_bool_var(f"kind{d}_{k}") for d in range(view.n_domains) for k in kinds}
+        for d in range(view.n_domains):
+            m.add_exactly_one(kind[d, k] for k in kinds)
+
+        def room(k: str) -> cp_model.LinearExprT:
+            return sum(cap[d] * kind[d, k] for d in range(view.n_domains))
+
+        def demand(group: list[TaskSpec], label: str) -> cp_model.LinearExprT:
+            # exclusive tasks add up; shareable ones may share one pool
+            out = sum(usage[t.name] for t in group if t.exclusive)
+            shared_here = [t for t in group if not t.exclusive]
+            if shared_here:
+                sub_pool = m.new_int_var(0, total, f"pool_{label}")
+                for t in shared_here:
+                    m.add(X[t.name] <= sub_pool)
+                out += sub_pool
+            return out
+
+        m.add(demand(sensitive, "clean") <= room("clean"))
+        m.add(demand(polluters, "polluted") <= room("polluted"))
+        for t in isolated:
+            m.add(X[t.name] <= room(t.name))
+    if all(f is not None for f in view.node_free.values()):
+        unit = math.gcd(*(t.working_set_bytes for t in tasks))
+        if unit:
+            budget = sum(view.node_free.values()) // unit
+            m.add(sum(t.working_set_bytes // unit * X[t.name] for t in tasks) <= budget)
+    sums = [sum(X[t.name] for t in tasks if t.priority == p) for p in levels]
+    for e, v in zip(sums, fixed):
+        m.add(e == v)
+    caps = [sum(effective_max(t, view) for t in tasks if t.priority == p) for p in levels]
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.max_time_in_seconds = max(0.001, time_limit_s)
+    weights = _weights(caps + [0])
+    if weights is not None:
+        m.maximize(sum(w * e for e, w in zip(sums, weights)))
+    st = solver.solve(m)
+    if st == cp_model.INFEASIBLE:
+        return None
+    if st != cp_model.OPTIMAL or weights is None:  # no proof: fall back to the trivial caps
+        return caps
+    return [int(solver.value(e)) for e in sums]

@@ -1,0 +1,162 @@
+"""Task and result types of the global allocator.
+
+The unit of allocation is the hardware thread: every "core" below is a Linux
+CPU number (a PU of :mod:`cod.facts.model`).  These types are plain immutable
+data shared by the RM daemon, ``cod plan`` and the solvers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+BOUNDS = ("cpu", "memory")
+SENSITIVITIES = ("numa", "cache")
+STATUSES = ("optimal", "feasible", "fallback", "infeasible")
+SOLVERS = ("cpsat", "naive", "greedy")
+
+
+class TaskSpecError(ValueError):
+    """A task description is invalid; the message names the task and the key."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What one task asks for.  Every field but ``name`` has a default.
+
+    * ``min_cores``: CPUs the task must get or it is not admitted (>= 1).
+    * ``max_cores``: CPUs it can use at most; None = as many as the machine has.
+    * ``working_set_bytes``: memory per CPU, placed on the NUMA node of that CPU.
+    * ``bound``: "cpu" or "memory"; carried for the RM (memory policy); the
+      placement itself does not depend on it.
+    * ``sensitive``: subset of {"numa", "cache"}: spread over as few NUMA nodes /
+      L3 domains as possible, and ("cache") never share an L3 domain with a
+      task that ``pollutes_cache``.
+    * ``exclusive``: no other task on its CPUs.  Non-exclusive tasks may share
+      CPUs with each other, never with exclusive ones.
+    * ``priority``: higher priorities get their cores up to ``max_cores`` first.
+    * ``allow_smt_sharing``: for an exclusive task, whether the SMT siblings of
+      its CPUs may go to other tasks (default: they stay idle).
+    """
+
+    name: str
+    min_cores: int = 1
+    max_cores: int | None = None
+    working_set_bytes: int = 0
+    bound: str = "cpu"
+    sensitive: frozenset[str] = frozenset()
+    exclusive: bool = True
+    priority: int = 0
+    pollutes_cache: bool = False
+    allow_smt_sharing: bool = False
+
+    def __post_init__(self) -> None:
+        def bad(key: str, why: str) -> TaskSpecError:
+            return TaskSpecError(f"task {self.name!r}: {key}: {why}")
+
+        if not isinstance(self.name, str) or not self.name:
+            raise TaskSpecError(f"task {self.name!r}: name: must be a non-empty string")
+        if not _is_int(self.min_cores) or self.min_cores < 1:
+            raise bad("min_cores", f"must be an integer >= 1, got {self.min_cores!r}")
+        if self.max_cores is not None:
+            if not _is_int(self.max_cores) or self.max_cores < 1:
+                raise bad("max_cores", f"must be an integer >= 1 or null, got {self.max_cores!r}")
+            if self.max_cores < self.min_cores:
+                raise bad("max_cores", f"{self.max_cores} is below min_cores {self.min_cores}")
+        if not _is_int(self.working_set_bytes) or self.working_set_bytes < 0:
+            raise bad("working_set_bytes", f"must be an integer >= 0, got {self.working_set_bytes!r}")
+        if self.bound not in BOUNDS:
+            raise bad("bound", f"must be one of {', '.join(BOUNDS)}, got {self.bound!r}")
+        if not isinstance(self.sensitive, frozenset):
+            object.__setattr__(self, "sensitive", frozenset(self.sensitive))
+        unknown = sorted(str(s) for s in self.sensitive if s not in SENSITIVITIES)
+        if unknown:
+            raise bad("sensitive", f"unknown {', '.join(unknown)}; allowed: {', '.join(SENSITIVITIES)}")
+        for key in ("exclusive", "pollutes_cache", "allow_smt_sharing"):
+            if not isinstance(getattr(self, key), bool):
+                raise bad(key, f"must be true or false, got {getattr(self, key)!r}")
+        if not _is_int(self.priority):
+            raise bad("priority", f"must be an integer, got {self.priority!r}")
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TaskSpec":
+        """Strict: unknown keys or bad values raise TaskSpecError naming task and key."""
+        if not isinstance(d, dict):
+            raise TaskSpecError(f"task: must be a table/object, got {type(d).__name__}")
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise TaskSpecError(f"task {name!r}: name: required, a non-empty string")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in d if k not in known)
+        if unknown:
+            raise TaskSpecError(
+                f"task {name!r}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}"
+            )
+        args = dict(d)
+        if "sensitive" in args:
+            sens = args["sensitive"]
+            if isinstance(sens, str) or not isinstance(sens, (list, tuple, set, frozenset)):
+                raise TaskSpecError(f"task {name!r}: sensitive: must be a list, got {sens!r}")
+            if not all(isinstance(s, str) for s in sens):
+                raise TaskSpecError(f"task {name!r}: sensitive: must be a list of strings")
+            args["sensitive"] = frozenset(sens)
+        return cls(**args)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["sensitive"] = sorted(self.sensitive)
+        return d
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+@dataclass(frozen=True)
+class TaskAllocation:
+    name: str
+    cores: tuple[int, ...]  # CPU numbers, ascending
+    numa_nodes: tuple[int, ...]  # NUMA nodes of those CPUs, ascending
+    binding: tuple[str, ...]  # constraints that limited this task, e.g. "max", "memory of node 3"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "cores": list(self.cores),
+            "numa_nodes": list(self.numa_nodes),
+            "binding": list(self.binding),
+        }
+
+
+@dataclass(frozen=True)
+class AllocationResult:
+    status: str  # "optimal" | "feasible" | "fallback" | "infeasible"
+    solver: str  # "cpsat" | "naive" | "greedy": the one that produced the tasks
+    solve_ms: float  # model build plus solve
+    tasks: tuple[TaskAllocation, ...]
+    reason: str | None = None  # for infeasible: which task and why
+    # for "feasible": the solver's relative gap on the objective term it was
+    # still improving when the time limit hit (see cod.rm.allocator.cpsat)
+    gap: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "status": self.status,
+            "solver": self.solver,
+            "solve_ms": round(self.solve_ms, 3),
+            "tasks": [t.to_dict() for t in self.tasks],
+            "reason": self.reason,
+        }
+        if self.gap is not None:
+            d["gap"] = round(self.gap, 6)
+        return d
+
+    def cores_of(self, name: str) -> tuple[int, ...]:
+        for t in self.tasks:
+            if t.name == name:
+                return t.cores
+        raise KeyError(f"no task named {name!r} in this allocation")
+
+    def as_mapping(self) -> dict[str, tuple[int, ...]]:
+        """{task: cpus}: the shape ``allocate(current=...)`` takes back."""
+        return {t.name: t.cores for t in self.tasks}

@@ -1,0 +1,154 @@
+"""The allocator's view of a machine: which CPUs can be given out and how they group.
+
+A *domain* is a set of CPUs sharing one L3 cache.  Machines (or CPUs) without an
+L3 fall back to one domain per NUMA node, or to one domain for the whole machine
+when NUMA is unknown.  A *class* is a set of CPUs that are interchangeable for
+every task: same domain, same NUMA node and same number of available SMT
+threads in their core (paper Section 5.3: a task does not care which of
+equivalent cores it gets).  The solvers decide counts per class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from cod.facts.model import Machine
+
+NO_NODE = -1  # CPUs whose NUMA node is unknown
+
+
+@dataclass(frozen=True)
+class CpuClass:
+    index: int
+    domain: int
+    node: int
+    threads: int  # available SMT threads per core in this class
+    cores: tuple[tuple[int, ...], ...]  # available PUs of each core, ascending
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        return tuple(c for core in self.cores for c in core)
+
+    @property
+    def size(self) -> int:
+        return self.threads * len(self.cores)
+
+
+@dataclass(frozen=True)
+class View:
+    cpus: tuple[int, ...]  # CPUs that may be given out, ascending
+    node_of: dict[int, int]
+    domain_of: dict[int, int]
+    core_of: dict[int, int]
+    siblings: dict[int, tuple[int, ...]]  # other available PUs of the same core
+    domain_labels: tuple[str, ...]  # index -> "L3 0-5" / "node 2" / "machine"
+    nodes: tuple[int, ...]
+    node_free: dict[int, int | None]  # free bytes per node; None = unknown, no constraint
+    classes: tuple[CpuClass, ...]
+
+    @property
+    def n_domains(self) -> int:
+        return len(self.domain_labels)
+
+
+_CACHE: dict[tuple[int, frozenset[int]], tuple[Machine, "View"]] = {}
+_CACHE_SIZE = 16
+
+
+def build_view(machine: Machine, unavailable: Iterable[int] = ()) -> View:
+    """The view of ``machine`` without ``unavailable``; the last few are cached,
+    since the RM recomputes on the same machine again and again."""
+    busy = frozenset(unavailable)
+    key = (id(machine), busy)
+    hit = _CACHE.get(key)
+    if hit is not None and hit[0] is machine:
+        return hit[1]
+    view = _build_view(machine, busy)
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = (machine, view)
+    return view
+
+
+def _build_view(machine: Machine, busy: frozenset[int]) -> View:
+    online = set(machine.cpu_ids())
+    unknown = sorted(busy - {pu.id for pu in machine.pus})
+    if unknown:
+        raise ValueError(f"unavailable: CPU {unknown[0]} does not exist on {machine.name}")
+    cpus = tuple(sorted(online - busy))
+    pu_by_id = {pu.id: pu for pu in machine.pus}
+    node_of = {c: (pu_by_id[c].numa_node if pu_by_id[c].numa_node is not None else NO_NODE) for c in cpus}
+    core_of = {c: pu_by_id[c].core for c in cpus}
+
+    # Domains: L3 caches first, then NUMA nodes, then the whole machine.
+    groups: dict[tuple, list[int]] = {}
+    labels: dict[tuple, str] = {}
+    l3_of: dict[int, tuple[int, ...]] = {}
+    for cache in machine.l3_caches():
+        for c in cache.cpus:
+            l3_of.setdefault(c, cache.cpus)
+    for c in cpus:
+        if c in l3_of:
+            key: tuple = ("l3", l3_of[c][0])
+            labels[key] = f"L3 {_ranges(l3_of[c])}"
+        elif node_of[c] != NO_NODE:
+            key = ("node", node_of[c])
+            labels[key] = f"node {node_of[c]}"
+        else:
+            key = ("machine", 0)
+            labels[key] = "machine"
+        groups.setdefault(key, []).append(c)
+    ordered = sorted(groups, key=lambda k: min(groups[k]))
+    domain_of = {c: i for i, k in enumerate(ordered) for c in groups[k]}
+
+    by_core: dict[int, list[int]] = {}
+    for c in cpus:
+        by_core.setdefault(core_of[c], []).append(c)
+    siblings = {c: tuple(s for s in by_core[core_of[c]] if s != c) for c in cpus}
+
+    class_cores: dict[tuple[int, int, int], list[tuple[int, ...]]] = {}
+    for core_pus in by_core.values():
+        first = core_pus[0]
+        # A core whose threads straddle domains or nodes (never seen) is split per CPU.
+        if len({(domain_of[c], node_of[c]) for c in core_pus}) > 1:
+            for c in core_pus:
+                class_cores.setdefault((domain_of[c], node_of[c], 1), []).append((c,))
+            continue
+        key3 = (domain_of[first], node_of[first], len(core_pus))
+        class_cores.setdefault(key3, []).append(tuple(sorted(core_pus)))
+    classes = tuple(
+        CpuClass(i, k[0], k[1], k[2], tuple(sorted(class_cores[k])))
+        for i, k in enumerate(sorted(class_cores, key=lambda k: (k[0], k[1], -k[2])))
+    )
+
+    nodes = tuple(sorted(set(node_of.values())))
+    node_free: dict[int, int | None] = {n: None for n in nodes}
+    for n in machine.numa_nodes:
+        if n.id in node_free:
+            node_free[n.id] = n.free_bytes if n.free_bytes is not None else n.memory_bytes
+    return View(
+        cpus=cpus,
+        node_of=node_of,
+        domain_of=domain_of,
+        core_of=core_of,
+        siblings=siblings,
+        domain_labels=tuple(labels[k] for k in ordered),
+        nodes=nodes,
+        node_free=node_free,
+        classes=classes,
+    )
+
+
+def _ranges(cpus: Iterable[int]) -> str:
+    """0,1,2,3,7 -> '0-3,7' (the cpulist format of sysfs)."""
+    out: list[str] = []
+    xs = sorted(cpus)
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
+            j += 1
+        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
+        i = j + 1
+    return ",".join(out)

@@ -1,0 +1,115 @@
+"""Differential tests: CP-SAT (count model), the naive matrix model and greedy
+against an exhaustive python-constraint search on small random instances."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from cod.facts.synthetic import GIB, Shape, build
+from cod.rm.allocator import TaskSpec, allocate
+from cod.rm.allocator.check import objective, violations
+from cod.rm.allocator.cpsat import solve_counts
+from cod.rm.allocator.mapping import map_counts
+from cod.rm.allocator.oracle import best, search_space
+from cod.rm.allocator.topology import build_view
+
+MAX_SPACE = 60_000  # keeps one exhaustive search well under a second
+
+
+@st.composite
+def machines(draw):
+    shape = Shape(
+        name="random",
+        packages=draw(st.integers(1, 2)),
+        dies_per_package=draw(st.integers(1, 2)),
+        cores_per_die=draw(st.integers(1, 3)),
+        threads_per_core=draw(st.integers(1, 2)),
+        node_per_die=draw(st.booleans()),
+        node_memory_bytes=draw(st.sampled_from([2, 4, 8, 64])) * GIB,
+        l3_bytes_per_die=draw(st.sampled_from([None, 8 << 20])),
+        smt_adjacent=draw(st.booleans()),
+    )
+    m = build(shape)
+    assume(len(m.pus) <= 8)
+    return m
+
+
+@st.composite
+def task_lists(draw, n_cpus: int):
+    n = draw(st.integers(1, 4))
+    out = []
+    for i in range(n):
+        lo = draw(st.sampled_from([1, 1, 1, 2, 3]))
+        hi = draw(st.one_of(st.none(), st.integers(lo, lo + 3)))
+        out.append(TaskSpec(
+            name=f"t{i}",
+            min_cores=lo,
+            max_cores=hi,
+            working_set_bytes=draw(st.sampled_from([0, 0, 1, 2])) * GIB,
+            sensitive=frozenset(draw(st.sets(st.sampled_from(["numa", "cache"])))),
+            exclusive=draw(st.sampled_from([True, True, False])),
+            priority=draw(st.integers(0, 1)),
+            pollutes_cache=draw(st.sampled_from([False, False, False, True])),
+            allow_smt_sharing=draw(st.booleans()),
+        ))
+    return out
+
+
+@st.composite
+def instances(draw):
+    m = draw(machines())
+    cpus = list(m.cpu_ids())
+    unavailable = draw(st.sets(st.sampled_from(cpus), max_size=2))
+    tasks = draw(task_lists(len(cpus)))
+    view = build_view(m, unavailable)
+    assume(search_space(view, tasks) <= MAX_SPACE)
+    return m, tasks, sorted(unavailable), view
+
+
+def check_against_oracle(m, tasks, unavailable, view, current=None):
+    best_obj, _ = best(view, tasks, current)
+    for solver in ("cpsat", "naive"):
+        r = allocate(m, tasks, current, unavailable=unavailable, solver=solver)
+        if best_obj is None:
+            assert r.status == "infeasible" and r.reason
+            continue
+        assert r.status == "optimal", (solver, r)
+        alloc = r.as_mapping()
+        assert violations(view, tasks, alloc) == []
+        assert objective(view, tasks, alloc, current) == best_obj, solver
+    # The count model itself, without the greedy fast path in front of it.
+    sol = solve_counts(view, tasks, current or {}, 5.0)
+    if best_obj is None:
+        assert sol.status == "infeasible"
+    else:
+        assert sol.status == "optimal"
+        alloc = map_counts(view, tasks, current or {}, sol.counts, sol.cores)
+        assert violations(view, tasks, alloc) == []
+        assert objective(view, tasks, alloc, current) == best_obj
+    g = allocate(m, tasks, current, unavailable=unavailable, solver="greedy")
+    if g.status != "infeasible":
+        assert best_obj is not None
+        alloc = g.as_mapping()
+        assert violations(view, tasks, alloc) == []
+        assert objective(view, tasks, alloc, current) <= best_obj
+    return best_obj
+
+
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(instances())
+def test_optimal_without_current(inst):
+    m, tasks, unavailable, view = inst
+    check_against_oracle(m, tasks, unavailable, view)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(instances(), st.data())
+def test_optimal_with_current(inst, data):
+    """The current allocation comes from an earlier run: same tasks, before some CPUs
+    became unavailable, or with one task fewer."""
+    m, tasks, unavailable, view = inst
+    earlier_tasks = tasks[:-1] if len(tasks) > 1 and data.draw(st.booleans()) else tasks
+    earlier = allocate(m, earlier_tasks, solver="cpsat")
+    assume(earlier.status != "infeasible")
+    check_against_oracle(m, tasks, unavailable, view, earlier.as_mapping())
