@@ -240,6 +240,8 @@ class AsyncSKB:
                 raise SKBError("engine", "the engine died during the request; it was restarted") from None
             if op.journal:
                 self._journal.record(op)
+                if self._journal.needs_compaction():
+                    self._journal.compact(await self._exchange(codec.snapshot(), STARTUP_TIMEOUT_S))
             return result
 
     # ---- operations (see SKB for their meaning) -----------------------

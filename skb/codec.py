@@ -154,6 +154,14 @@ def _query_options(
     return "[" + ",".join(opts) + "]"
 
 
+def snapshot() -> Op:
+    return Op("snapshot")
+
+
+def restore_system(facts: list[str]) -> Op:
+    return Op(f"restore_system({prolog_string_list(facts)})", True, replaces="system")
+
+
 def time_query(app: str, goal: str, times: int) -> Op:
     return Op(f"time_query({app_atom(app)},{prolog_string(goal)},{number(times, 'times')})")
 

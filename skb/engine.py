@@ -82,10 +82,19 @@ class EngineConfig:
 
 
 class Journal:
-    """Every state change that succeeded, so a restarted engine can be rebuilt."""
+    """Every state change that succeeded, so a restarted engine can be rebuilt.
+
+    Entries that later ones make obsolete are dropped as they come (see
+    :meth:`record`); churn that cannot be dropped that way (facts added and
+    removed, tasks coming and going) is folded by :meth:`compacted` into a
+    snapshot of the engine's state once the journal has doubled.
+    """
+
+    COMPACT_AT_LEAST = 1000
 
     def __init__(self) -> None:
         self._ops: list[Op] = []
+        self._compact_at = self.COMPACT_AT_LEAST
 
     def record(self, op: Op) -> None:
         if op.text.startswith("drop_app("):
@@ -97,6 +106,18 @@ class Journal:
 
     def ops(self) -> list[Op]:
         return list(self._ops)
+
+    def needs_compaction(self) -> bool:
+        return len(self._ops) >= self._compact_at
+
+    def compact(self, snapshot: dict[str, Any]) -> None:
+        """Replace the journal by library loads plus a snapshot of the state."""
+        ops = [o for o in self._ops if o.text.startswith("load_library(")]
+        ops.append(codec.restore_system(list(snapshot.get("system", []))))
+        for app, clauses in sorted(snapshot.get("apps", {}).items()):
+            ops.append(codec.add_procedure(app, ".\n".join(clauses) + "."))
+        self._ops = ops
+        self._compact_at = max(self.COMPACT_AT_LEAST, 2 * len(ops))
 
     def __len__(self) -> int:
         return len(self._ops)
@@ -251,6 +272,8 @@ class SKB:
             raise SKBError("engine", "the engine died during the request; it was restarted") from None
         if op.journal:
             self._journal.record(op)
+            if self._journal.needs_compaction():
+                self._journal.compact(self._exchange(codec.snapshot(), None))
         return result
 
     # ---- system-level facts (trusted callers) -------------------------

@@ -192,3 +192,29 @@ def test_async_engine() -> None:
             await engine.close()
 
     asyncio.run(scenario())
+
+
+def test_journal_is_compacted_and_replays_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cod.skb.engine import Journal
+
+    monkeypatch.setattr(Journal, "COMPACT_AT_LEAST", 20)
+    with SKB() as engine:
+        engine.load_machine(machines.load("shanghai"))
+        engine.add_procedure("db", "half(X, Y) :- Y is X / 2.")
+        for i in range(60):  # churn: a task comes and goes, a fact is updated
+            engine.add_system_facts([f"task(t{i}, {1000 + i}, db)"])
+            engine.remove_system_facts(f"task(t{i}, _, _)")
+            engine.remove_facts("db", "rtime(_)")
+            engine.add_facts("db", [f"rtime({i})", 'label("a \\"quoted\\" string")'])
+        engine.replace_system_facts("allocated(_, _)", ["allocated(keep, 3)"])
+        engine.add_system_facts(["task(keep, 42, db)"])
+        assert len(engine._journal) < 20
+        os.kill(engine.pid, signal.SIGKILL)
+        with pytest.raises(SKBError):
+            engine.execute_query("db", "rtime(X)")
+        assert engine.execute_query("db", "rtime(X), half(X, H), label(L)") == [
+            {"X": 59, "H": 29.5, "L": 'a "quoted" string'}
+        ]
+        assert engine.execute_query("db", "task(T, P, A)") == [{"T": "keep", "P": 42, "A": "db"}]
+        assert engine.execute_query("db", "allocated(T, C)") == [{"T": "keep", "C": 3}]
+        assert engine.execute_query("db", "get_nr_cores(N)") == [{"N": 16}]

@@ -11,7 +11,8 @@
             run_query/4,           % +App, +Text, +Options, -Answer
             register_library/1,    % +Module
             detach_standard_streams/2, % -In, -Out
-            parse_terms/4          % +Module, +Text, -TermsWithBindings, +Options
+            parse_terms/4,         % +Module, +Text, -TermsWithBindings, +Options
+            app/2                  % ?App, ?Module
           ]).
 :- use_module(library(sandbox)).
 :- use_module(library(error)).

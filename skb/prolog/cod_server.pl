@@ -101,6 +101,26 @@ op_result(load_library(File), strings(Strs)) :-
     load_library_file(File, Module),
     module_property(Module, exports(PIs)),
     maplist(pi_string, PIs, Strs).
+op_result(snapshot, snapshot(System, Apps)) :-
+    % The whole state, as text that the restore operations below and
+    % add_procedure/2 read back: used to compact the Python-side journal.
+    findall(T, ( cod_sys_predicate(Name, Arity),
+                 functor(H, Name, Arity),
+                 clause(cod_sys:H, true),
+                 format(string(T), '~k', [H]) ),
+            System),
+    findall(App-Texts,
+            ( app(App, _),
+              list_facts(App, all, Texts),
+              Texts \== [] ),
+            Apps).
+op_result(restore_system(Texts), int(N)) :-
+    maplist(parse_single(cod_sys), Texts, Facts),
+    maplist(check_system_fact, Facts),
+    forall(cod_sys_predicate(Name, Arity),
+           ( functor(H, Name, Arity), retractall(cod_sys:H) )),
+    maplist(cod_sys_assert, Facts),
+    length(Facts, N).
 op_result(time_query(App, Text, Times), times(Us)) :-
     % Runs a query Times times inside the engine and reports per-call
     % microseconds: the SKB's own cost, without the pipe (bench/).
@@ -160,10 +180,23 @@ write_result(Out, int(N)) :- write(Out, N).
 write_result(Out, atom(A)) :- json_write_text(Out, A).
 write_result(Out, strings(L)) :- json_write_value(Out, L).
 write_result(Out, times(L)) :- json_write_value(Out, L).
+write_result(Out, snapshot(System, Apps)) :-
+    write(Out, '{"system":'),
+    json_write_value(Out, System),
+    write(Out, ',"apps":{'),
+    write_app_pairs(Apps, Out),
+    write(Out, '}}').
 write_result(Out, answer(Solutions, Truncated, Us)) :-
     write(Out, '{"solutions":['),
     write_solutions(Solutions, Out),
     format(Out, '],"truncated":~w,"elapsed_us":~w}', [Truncated, Us]).
+
+write_app_pairs([], _).
+write_app_pairs([App-Texts|T], Out) :-
+    json_write_text(Out, App),
+    put_char(Out, ':'),
+    json_write_value(Out, Texts),
+    (   T == [] -> true ; put_char(Out, ','), write_app_pairs(T, Out) ).
 
 write_solutions([], _).
 write_solutions([S|T], Out) :-
