@@ -2,8 +2,11 @@
 """SKB speed (issue #2): prints JSON figures, median and p99 in microseconds.
 
 End to end means from the Python call to its return (pipe round trip
-included); "in_engine" is measured inside the SWI-Prolog process around the
-query alone (the paper's Table 4 figure, 0.18 ms, is of that kind).
+included); "in_engine" is wall time measured inside the SWI-Prolog process
+around the limited call of the query (the paper's Table 4 figure, 0.18 ms,
+is of that kind; the target is on this one); "in_engine_cpu_us_per_call" is
+the engine's CPU time per whole query operation (parsing the goal, the
+safety check, limits, query), averaged, which a busy VM does not inflate.
 Optionally compares pyswip in process when it is importable.
 """
 
@@ -98,8 +101,10 @@ def main() -> int:
         goal = "dbos_cost_function(S, N, P)"
         assert skb.execute_query("cscs", goal) == [{"S": 0, "N": 8, "P": 1181250000}]
         results["listing3_end_to_end"] = summary(timed(lambda: skb.execute_query("cscs", goal), n))
-        in_engine = [float(x) for x in skb.time_query("cscs", goal, n)]
+        timings = skb.time_query("cscs", goal, n)
+        in_engine = [float(w) for w in timings["wall_us"]]
         results["listing3_in_engine"] = summary(in_engine)
+        results["listing3_in_engine_cpu_us_per_call"] = round(timings["cpu_us_per_call"], 2)
         results["listing3_target_us"] = TARGET_LISTING3_US
         results["listing3_paper_us"] = PAPER_LISTING3_US
         results["listing3_meets_target"] = statistics.median(in_engine) <= TARGET_LISTING3_US

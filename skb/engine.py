@@ -354,9 +354,13 @@ class SKB:
             )["solutions"]
         )
 
-    def time_query(self, app: str, goal: str, times: int) -> list[int]:
-        """Run ``goal`` ``times`` times inside the engine; microseconds per run."""
-        return [int(x) for x in self._run(codec.time_query(app, goal, times), 60.0)]
+    def time_query(self, app: str, goal: str, times: int) -> dict[str, Any]:
+        """Run ``goal`` ``times`` times inside the engine.
+
+        ``wall_us``: wall time of each limited call of the query, in µs;
+        ``cpu_us_per_call``: engine CPU time per whole operation (parsing,
+        safety check, limits, query), averaged over the run."""
+        return dict(self._run(codec.time_query(app, goal, times), 60.0))
 
     def ping(self) -> None:
         self._run(Op("ping"))
