@@ -62,7 +62,7 @@ def spinner_command(tmp_dir: str) -> list[str]:
     if cc:
         exe = os.path.join(tmp_dir, "spinner")
         if not os.path.exists(exe):
-            subprocess.run([cc, "-O1", "-pthread", "-o", exe, os.path.join(HERE, "spinner.c")], check=True)
+            subprocess.run([cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-O1", "-pthread", "-o", exe, os.path.join(HERE, "spinner.c")], check=True)
         return [exe]
     return [sys.executable, "-c", PY_SPINNER]
 
