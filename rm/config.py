@@ -41,12 +41,33 @@ class RMConfig:
     max_inflight_per_connection: int = 32
     max_output_buffer_bytes: int = 8 << 20  # a peer that does not read its upcalls is dropped
     max_buffered_input_bytes: int = 64 << 20  # incomplete frames of all peers together
+    # ---- enforcement and monitoring (issue #6) ----
+    enforce_mode: str = "auto"           # auto (cpuset as root when mounted, else affinity) | affinity | cpuset | none
+    state_dir: str | None = None         # records of what was pinned, for crash cleanup; None: /run/cod as root
+    cgroup_parent: str = "cod"           # the cpuset cgroup under which each task gets its own
+    memory_migrate: bool = False         # move a task's pages when its memory nodes change (costly; see docs)
+    events_poll_interval_s: float = 0.1  # /proc polling when the proc connector is unavailable (not root)
+    busy_detect: bool = True             # notice unregistered CPU hogs and keep tasks' cores away from them
+    busy_interval_s: float = 0.1         # busy sampling period
+    busy_threshold: float = 0.5          # cores a process must use ...
+    busy_window: int = 3                 # ... over this many consecutive samples to count as a hog
+    confine_others: bool | None = None   # put hogs on the cores left over; None: on when root
+    refresh_interval_s: float = 1.0      # live state (load, free memory, task CPU use and pages) into the SKB
+    solver: str = "cpsat"                # cpsat (greedy fallback on time limit) | greedy | naive
+    solver_time_limit_s: float = 1.0
 
     def socket_path(self) -> str:
         return self.socket or default_socket_path()
 
     def planning_only(self) -> bool:
         return self.machine is not None or self.hwloc is not None
+
+    def wants_confinement(self, root: bool) -> bool:
+        return root if self.confine_others is None else self.confine_others
+
+
+ENFORCE_MODES = ("auto", "affinity", "cpuset", "none")
+SOLVERS = ("cpsat", "greedy", "naive")
 
 
 _TYPES = {f.name: f.type for f in fields(RMConfig)}
@@ -63,7 +84,7 @@ def _coerce(name: str, value: Any, origin: str) -> Any:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         raise ConfigError(f"{origin}: socket_mode must be an octal string like \"0660\"")
-    if kind == "bool":
+    if kind in ("bool", "bool | None"):
         if not isinstance(value, bool):
             raise ConfigError(f"{origin}: {name} must be true or false")
         return value
@@ -112,6 +133,14 @@ def build_config(file: str | Path | None = None, **overrides: Any) -> RMConfig:
         raise ConfigError("give either a machine name or an hwloc file, not both")
     if cfg.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
         raise ConfigError(f"log level {cfg.log_level!r} is not one of debug, info, warning, error, critical")
+    if cfg.enforce_mode not in ENFORCE_MODES:
+        raise ConfigError(f"enforce mode {cfg.enforce_mode!r} is not one of {', '.join(ENFORCE_MODES)}")
+    if cfg.solver not in SOLVERS:
+        raise ConfigError(f"solver {cfg.solver!r} is not one of {', '.join(SOLVERS)}")
+    if cfg.enforce_mode == "none":
+        cfg = replace(cfg, enforce=False)
     if cfg.planning_only() and cfg.enforce:
         cfg = replace(cfg, enforce=False)  # planning for other hardware: nothing here to enforce
+    if not cfg.enforce:
+        cfg = replace(cfg, enforce_mode="none")
     return cfg

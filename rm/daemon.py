@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
-from dataclasses import replace
 from typing import Any
 
 from .config import RMConfig
@@ -42,16 +42,40 @@ def load_machine(cfg: RMConfig) -> Any:
         raise StartupError(str(err)) from None
 
 
-class Daemon:
-    """One running RM: the SKB, the ResourceManager and its socket; usable in-process by tests."""
+def open_enforcer(cfg: RMConfig, root: bool) -> Any:
+    """The enforcement backend `cfg` asks for (cod.rm.enforce.Enforcer), after undoing what a
+    crashed previous run left behind (its cgroups, the affinity of processes it pinned)."""
+    from .enforce import EnforceError, default_state_dir, detect
+    from .enforce.cgroupfs import find_cpuset_mount
 
-    def __init__(self, cfg: RMConfig, enforcer: EnforcementHook | None = None, machine: Any = None) -> None:
-        if cfg.enforce and enforcer is None:
-            log.warning("no enforcement backend is wired in yet: planning only, as with --no-enforce")
-            cfg = replace(cfg, enforce=False)
+    mode = cfg.enforce_mode if cfg.enforce else "none"
+    if mode == "auto":
+        mode = "cpuset" if root and find_cpuset_mount() is not None else "affinity"
+    try:
+        enforcer = detect(mode, cfg.state_dir or default_state_dir(), root=root,
+                          cgroup_parent=cfg.cgroup_parent, memory_migrate=cfg.memory_migrate)
+        enforcer.cleanup_stale()
+    except EnforceError as err:
+        raise StartupError(f"enforcement ({mode}): {err}") from None
+    return enforcer
+
+
+class Daemon:
+    """One running RM: the SKB, the ResourceManager and its socket; usable in-process by tests.
+
+    `enforcer` is a cod.rm.enforce.Enforcer; by default the daemon opens the one the
+    config asks for (`--enforce`); a planning-only or --no-enforce daemon pins nothing."""
+
+    def __init__(self, cfg: RMConfig, enforcer: Any = None, machine: Any = None, *,
+                 root: bool | None = None) -> None:
         self.cfg = cfg
+        # What the daemon may do (cgroups, proc connector, confining others); tests pass False
+        # to run the unprivileged path as root.
+        self.root = os.geteuid() == 0 if root is None else root
         self.machine = machine
-        self.enforcer = enforcer or NoEnforcement()
+        self.enforcer = enforcer
+        self.hook: EnforcementHook = NoEnforcement()
+        self.monitor: Any = None
         self.rm: ResourceManager | None = None
         self.transport: Transport | None = None
         self._skb: Any = None
@@ -66,6 +90,18 @@ class Daemon:
             raise StartupError(str(err)) from None
         if self.machine is None:
             self.machine = load_machine(self.cfg)
+        root = self.root
+        watching = self.cfg.enforce  # a planning-only or --no-enforce daemon does not watch this machine
+        if watching:
+            if not root:
+                log.warning("not root: no proc connector and no cgroups; process events by polling /proc "
+                            "every %g s, enforcement by affinity only, busy processes not confined",
+                            self.cfg.events_poll_interval_s)
+            if self.enforcer is None:
+                self.enforcer = open_enforcer(self.cfg, root)
+            from .enforce import EnforcerHook
+
+            self.hook = EnforcerHook(self.enforcer)
         from cod.skb import AsyncSKB
 
         try:
@@ -74,9 +110,17 @@ class Daemon:
         except Exception as err:
             if self._skb is not None:
                 await self._skb.close()
+            self._close_enforcer()
             raise StartupError(f"cannot start the SKB: {err}") from None
-        self.rm = ResourceManager(self.cfg, self.machine, self._skb, self.enforcer)
+        self.rm = ResourceManager(self.cfg, self.machine, self._skb, self.hook)
         rm = self.rm
+        if watching:
+            rm.enforce_mode = self.enforcer.name
+            from .monitor import Monitor
+
+            skb = self._skb
+            self.monitor = Monitor(rm, self.cfg, self.enforcer, self.hook, root=root, skb_pid=lambda: skb.pid)
+            self.monitor.start()
 
         async def handle(conn: Connection, req: Request) -> Any:
             return await dispatch(rm, conn, req)
@@ -91,13 +135,27 @@ class Daemon:
         try:
             await self.transport.start()
         except Exception as err:
+            if self.monitor is not None:
+                self.monitor.close()
             await self._skb.close()
+            self._close_enforcer()
             raise StartupError(str(err)) from None
         log.info(
-            "serving machine %s (%d CPUs, %d NUMA nodes), enforcement %s",
+            "serving machine %s (%d CPUs, %d NUMA nodes), enforcement %s, allocator %s (time limit %g s)",
             self.machine.name, len(self.machine.cpu_ids()), len(self.machine.numa_nodes),
-            "on" if self.cfg.enforce else "off",
+            self.enforcer.describe() if self.enforcer is not None else "off (planning only)",
+            self.cfg.solver, self.cfg.solver_time_limit_s,
         )
+
+    def _close_enforcer(self) -> None:
+        """Give every pinned process its original affinity back and remove our cgroups."""
+        if self.enforcer is None:
+            return
+        try:
+            self.enforcer.close()
+        except Exception as err:
+            log.warning("closing the enforcement backend: %s", err)
+        self.enforcer = None
 
     def request_stop(self, reason: str = "stopping") -> None:
         log.info("%s: shutting down", reason)
@@ -109,8 +167,11 @@ class Daemon:
 
     async def close(self) -> None:
         reason = getattr(self, "_stop_reason", "stopping")
+        if self.monitor is not None:
+            self.monitor.close()
         if self.rm is not None:
             await self.rm.close()
+        self._close_enforcer()
         if self.transport is not None:
             await self.transport.close(notification("shutdown", {"event": "shutdown", "reason": reason}))
         if self._skb is not None:
@@ -121,7 +182,7 @@ class Daemon:
         log.info("stopped")
 
 
-async def serve(cfg: RMConfig, enforcer: EnforcementHook | None = None) -> None:
+async def serve(cfg: RMConfig, enforcer: Any = None) -> None:
     daemon = Daemon(cfg, enforcer)
     await daemon.start()
     loop = asyncio.get_running_loop()
@@ -133,7 +194,7 @@ async def serve(cfg: RMConfig, enforcer: EnforcementHook | None = None) -> None:
         await daemon.close()
 
 
-def run(cfg: RMConfig, enforcer: EnforcementHook | None = None) -> int:
+def run(cfg: RMConfig, enforcer: Any = None) -> int:
     setup_logging(cfg.log_level)
     asyncio.run(serve(cfg, enforcer))  # StartupError reaches the caller (`cod rm` prints it)
     return 0

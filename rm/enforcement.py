@@ -1,8 +1,9 @@
 """The hook through which the RM applies allocations to processes (the mechanism lives in cod.rm.enforce).
 
 The RM calls `apply` whenever the cores a task may use change and `release` when
-the task leaves.  `NoEnforcement` is the `--no-enforce` backend and the one a
-planning-only daemon (`--machine`, `--hwloc`) always uses.
+the task leaves.  The daemon passes `cod.rm.enforce.EnforcerHook` over the backend
+that `--enforce` chose; `NoEnforcement` is what a `--no-enforce` or planning-only
+daemon (`--machine`, `--hwloc`) uses.
 """
 
 from __future__ import annotations

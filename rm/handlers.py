@@ -112,6 +112,7 @@ async def hello(rm: ResourceManager, conn: Connection, p: Params) -> Any:
         "app": app,
         "machine": rm.machine.name,
         "enforce": rm.cfg.enforce,
+        "enforce_mode": rm.enforce_mode,
         "peer": {"pid": conn.peer.pid, "uid": conn.peer.uid, "gid": conn.peer.gid},
         "privileged": rm.privileged(conn),
         "epoch": rm.state.epoch,
@@ -300,16 +301,19 @@ async def get_allocation(rm: ResourceManager, conn: Connection, p: Params) -> An
     p.done()
     if task is not None:
         return rm.allocation_of(task)
-    return {"epoch": rm.state.epoch, "solver": rm.last_solver,
+    return {"epoch": rm.state.epoch, **rm.plan_summary(),
             "tasks": [rm.allocation_of(t) for _, t in sorted(rm.state.tasks.items())]}
 
 
 async def list_tasks(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
-    return {"epoch": rm.state.epoch, "tasks": [
+    binding = rm.last_plan.binding if rm.last_plan else {}
+    return {"epoch": rm.state.epoch, "plan": rm.plan_summary(), "tasks": [
         {"task": t.name, "pid": t.pid, "app": t.app, "properties": t.properties,
-         "cores": list(t.announced), "epoch": t.announced_epoch}
-        for _, t in sorted(rm.state.tasks.items())]}
+         "cores": list(t.announced), "epoch": t.announced_epoch, "binding": list(binding.get(t.name, ()))}
+        for _, t in sorted(rm.state.tasks.items())],
+        "other_tasks": [{"pid": o.pid, "comm": o.comm, "cpu": round(o.cpu, 3), "cpus": list(o.cpus)}
+                        for _, o in sorted(rm.others.items())]}
 
 
 # ---- subscriptions ----------------------------------------------------------------------------

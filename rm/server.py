@@ -204,17 +204,31 @@ class Transport:
             pass
         finally:
             self._buffered_input -= held
-            worker.cancel()
-            try:
-                await worker
-            except (asyncio.CancelledError, Exception):
-                pass
+            await self._stop_worker(queue, worker)
             self._writers.pop(conn.id, None)
             try:
                 await self._connection_lost(conn)
             except Exception:  # never let one client's cleanup kill the daemon
                 log.exception("cleaning up connection %d failed", conn.id)
             writer.close()
+
+    async def _stop_worker(self, queue: asyncio.Queue[Request | None], worker: asyncio.Task[None]) -> None:
+        """Stop a connection's worker once the request it is running is done; drop the ones not begun.
+
+        Cancelling it instead could interrupt an SKB exchange: the engine's reply would then be
+        read as the answer to the next request of another client (seen when a client was killed
+        right after registering).  A request cannot run longer than the query time limit."""
+        while not queue.empty():
+            queue.get_nowait()
+        queue.put_nowait(None)
+        try:
+            await asyncio.wait_for(asyncio.shield(worker), self.cfg.query_timeout_s + 2.0)
+        except TimeoutError:
+            worker.cancel()
+        except asyncio.CancelledError:
+            pass  # the daemon is closing: the worker finishes on its own (or the SKB closes under it)
+        except Exception:
+            pass
 
     async def _run_queue(
         self, conn: Connection, queue: asyncio.Queue[Request | None], writer: asyncio.StreamWriter

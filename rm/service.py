@@ -14,7 +14,8 @@ import asyncio
 import logging
 import os
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from cod.facts.model import Machine
 
@@ -29,6 +30,8 @@ from .state import Connection, Peer, Revocation, RMState, Task
 
 log = logging.getLogger("cod.rm")
 
+CLOSE_WAIT_S = 3.0  # how long close() waits for a recomputation in flight
+
 
 def skb_rpc_error(err: Exception) -> RpcError:
     code = getattr(err, "code", "engine")
@@ -38,18 +41,34 @@ def skb_rpc_error(err: Exception) -> RpcError:
     return RpcError(rpc.skb_error_code(code), message, data)
 
 
+@dataclass
+class OtherTask:
+    """An unregistered process that keeps CPUs busy (SKB `other_task/3`), noticed by the busy detector."""
+
+    pid: int
+    comm: str
+    cpu: float  # cores it used over the detection window
+    cpus: tuple[int, ...]  # the CPUs kept free for it (its `Cpus` in the SKB)
+
+
 class ResourceManager:
     def __init__(self, cfg: RMConfig, machine: Machine, skb: Any, enforcer: EnforcementHook) -> None:
         self.cfg = cfg
         self.machine = machine
         self.skb = skb  # cod.skb.AsyncSKB
         self.enforcer = enforcer
+        self.enforce_mode = cfg.enforce_mode if cfg.enforce else "none"  # the backend in use (set by the daemon)
         self.state = RMState()
-        self.allocator = AllocatorRunner(machine)
+        self.allocator = AllocatorRunner(machine, cfg.solver, cfg.solver_time_limit_s)
         self.daemon_uid = os.geteuid()
         self.started = time.time()
         self.plan: dict[str, tuple[int, ...]] = {}
         self.last_solver = "none"
+        self.last_plan: Plan | None = None
+        self.others: dict[int, OtherTask] = {}  # pid -> unregistered busy process
+        self.on_published: list[Callable[[], None]] = []  # run after each published epoch (confinement)
+        self.last_announce_ns = 0
+        self.published_holdings: dict[str, tuple[int, ...]] = {}  # CPUs each task held at the last epoch  # time.monotonic_ns() of the last published epoch's upcalls
         self._node_of = {pu.id: pu.numa_node for pu in machine.pus}
         self._allowed_mems = None if machine.allowed_mems is None else set(machine.allowed_mems)
         self._alloc_lock = asyncio.Lock()
@@ -139,7 +158,8 @@ class ResourceManager:
             target = self._requested_gen  # changes asked for so far are in this snapshot
             others = [t.spec for n, t in self.state.tasks.items() if n != task.name]
             current = {n: t.announced for n, t in self.state.tasks.items()}
-            plan = await self.allocator.run(others + [task.spec], current)
+            specs = others + [task.spec]
+            plan = await self.allocator.run(specs, current, self.unavailable(specs))
             if plan.cores is None:
                 raise self._refusal(task.spec, others, plan)
             if replacing is None:
@@ -148,13 +168,15 @@ class ResourceManager:
                 replacing.spec = task.spec
                 replacing.properties = task.properties
                 task = replacing
+            reason = f"task {task.name} {'arrived' if replacing is None else 'changed'}"
+            # Upcalls first, then the SKB (as for allocated/2): the SKB serves calls in order, so the
+            # registering client's next query, sent after its reply, sees task/3.
+            await self._publish(plan, reason)
             facts = self.task_facts(task)
             if replacing is None:
                 await self.skb.add_system_facts(facts)
             else:  # task/3 stays; the properties are swapped in one SKB operation
                 await self.skb.replace_system_facts(f"task_property({atom(task.name)}, _, _)", facts[1:])
-            reason = f"task {task.name} {'arrived' if replacing is None else 'changed'}"
-            await self._publish(plan, reason)
             await self._mark_done(target)
         if replacing is None:
             self.emit("task_arrived", {"task": task.name, "pid": task.pid, "app": task.app})
@@ -170,7 +192,8 @@ class ResourceManager:
             {"requested": spec.min_cores, "free": free, "available": available, "reason": plan.reason},
         )
 
-    async def remove_task(self, task: Task, reason: str) -> None:
+    async def remove_task(self, task: Task, reason: str) -> int:
+        """The task leaves; returns the generation of the recomputation that gives its cores away."""
         conn = self.state.connections.get(task.conn_id)
         if conn is not None:
             conn.tasks.discard(task.name)
@@ -179,8 +202,59 @@ class ResourceManager:
         self.state.tasks.pop(task.name, None)
         for core in [c for c, r in self.state.revocations.items() if r.task == task.name]:
             del self.state.revocations[core]
+        # Recompute first: the others get the cores while the SKB forgets the task.
+        gen = self.schedule(f"task {task.name} left")
         await self._forget_task(task, reason)
-        self.schedule(f"task {task.name} left")
+        return gen
+
+    async def task_exited(self, task: Task, event_ns: int) -> float | None:
+        """The task's process exited (a process event): deregister it at once.
+
+        Returns how long after the exit event the other tasks were told of the freed
+        cores (ms), or None when nothing changed hands."""
+        if self.state.tasks.get(task.name) is not task:
+            return None
+        gen = await self.remove_task(task, "exited")
+        await self.wait_for(gen)
+        if self.last_announce_ns < event_ns:
+            return None
+        ms = (self.last_announce_ns - event_ns) / 1e6
+        log.info("task %s (pid %d) exited: its cores were reassigned %.3f ms after the exit event",
+                 task.name, task.pid, ms)
+        return ms
+
+    def task_pids(self) -> dict[int, Task]:
+        """Registered pids and their tasks."""
+        return {t.pid: t for t in self.state.tasks.values()}
+
+    # ---- unregistered busy processes (other_task/3) ---------------------------------------
+    def unavailable(self, specs: list[TaskSpec]) -> tuple[int, ...]:
+        """CPUs kept free for busy unregistered processes, at most what the tasks' min_cores leave over.
+
+        Hungriest process first, so when CPUs are short the biggest hogs get their own."""
+        room = len(self.machine.cpu_ids()) - sum(s.min_cores for s in specs)
+        out: list[int] = []
+        for other in sorted(self.others.values(), key=lambda o: (-o.cpu, o.pid)):
+            for cpu in other.cpus:
+                if len(out) >= room:
+                    return tuple(sorted(out))
+                if cpu not in out:
+                    out.append(cpu)
+        return tuple(sorted(out))
+
+    async def set_others(self, others: dict[int, OtherTask], why: str) -> int:
+        """Record the unregistered busy processes in the SKB, tell subscribers, recompute."""
+        added = sorted(set(others) - set(self.others))
+        self.others = dict(others)
+        facts = [f"other_task({o.pid}, {atom(o.comm)}, {term(list(o.cpus))})" for _, o in sorted(others.items())]
+        gen = self.schedule(why)
+        try:
+            await self.skb.replace_system_facts("other_task(_, _, _)", facts)
+        except Exception as err:
+            log.warning("writing other_task facts: %s", err)
+        self.emit("facts_changed", {"scope": "system", "app": None, "op": "add" if added else "remove",
+                                    "predicates": ["other_task"]})
+        return gen
 
     async def _forget_task(self, task: Task, reason: str) -> None:
         try:
@@ -216,7 +290,7 @@ class ResourceManager:
                 specs = [t.spec for t in self.state.tasks.values()]
                 current = {n: t.announced for n, t in self.state.tasks.items()}
                 try:
-                    plan = await self.allocator.run(specs, current)
+                    plan = await self.allocator.run(specs, current, self.unavailable(specs))
                 except Exception:
                     log.exception("allocator failed; keeping the current allocation")
                     plan = None
@@ -236,6 +310,7 @@ class ResourceManager:
         """Adopt a new plan: mark cores taken from tasks for revocation, then announce (under the lock)."""
         assert plan.cores is not None
         self.last_solver = plan.solver
+        self.last_plan = plan
         self.plan = {n: c for n, c in plan.cores.items() if n in self.state.tasks}
         deadline = asyncio.get_running_loop().time() + self.cfg.revoke_deadline_s
         revs = self.state.revocations
@@ -255,7 +330,9 @@ class ResourceManager:
     async def _announce(self, reason: str) -> None:
         """Tell every task whose usable cores changed, write the SKB, apply enforcement."""
         revs = self.state.revocations
-        before = self.state.holdings()
+        # Compared with what was last published, not with the state now: an ack or a deadline
+        # has already dropped its revocations from the state when it calls us.
+        before = self.published_holdings
         changes: list[tuple[Task, tuple[int, ...], tuple[int, ...]]] = []
         for name, task in self.state.tasks.items():
             grant = tuple(sorted(c for c in self.plan.get(name, ()) if c not in revs or revs[c].task == name))
@@ -264,13 +341,16 @@ class ResourceManager:
         for task, _old, grant in changes:
             task.announced = grant
         after = self.state.holdings()
+        self.published_holdings = after
         if not changes and before == after:
+            self._run_published_hooks()  # the plan may differ (e.g. unavailable CPUs) without any change here
             return
         self.state.epoch += 1
         epoch = self.state.epoch
         for task, _old, _grant in changes:
             task.announced_epoch = epoch
         now = asyncio.get_running_loop().time()
+        self.last_announce_ns = time.monotonic_ns()
         for task, old, grant in changes:
             removed = sorted(set(old) - set(grant))
             payload = self.allocation_of(task)
@@ -290,11 +370,29 @@ class ResourceManager:
             if before.get(name) != cores:
                 self._enforce_apply(self.state.tasks[name], cores)
         self._arm_deadline()
+        self._run_published_hooks()
         await self._write_allocation(after, epoch)
         log.info(
             "epoch %d (%s): %s", epoch, reason,
             ", ".join(f"{t.name}={_ranges(g)}" for t, _o, g in changes) or "holdings changed",
         )
+
+    def _run_published_hooks(self) -> None:
+        for hook in self.on_published:
+            try:
+                hook()
+            except Exception:
+                log.exception("after publishing an allocation")
+
+    def plan_summary(self) -> dict[str, Any]:
+        """How the current plan was made: solver, status, time, and the CPUs kept for other work."""
+        plan = self.last_plan
+        return {
+            "solver": self.last_solver,
+            "status": plan.status if plan else None,
+            "solve_ms": round(plan.solve_ms, 3) if plan else None,
+            "unavailable": list(plan.unavailable) if plan else [],
+        }
 
     def allocation_of(self, task: Task) -> dict[str, Any]:
         nodes = sorted({n for c in task.announced if (n := self._node_of.get(c)) is not None})
@@ -308,6 +406,7 @@ class ResourceManager:
             "numa_nodes": nodes,
             "memory_nodes": mems,
             "releasing": giving_back,
+            "binding": list(self.last_plan.binding.get(task.name, ())) if self.last_plan else [],
         }
 
     async def _write_allocation(self, holdings: dict[str, tuple[int, ...]], epoch: int) -> None:
@@ -357,11 +456,29 @@ class ResourceManager:
 
     # ---- enforcement -----------------------------------------------------------------------
     def _enforce_apply(self, task: Task, cpus: tuple[int, ...]) -> None:
+        if self.closing:  # close() releases every task; nothing may be pinned after it
+            return
+        if not cpus:  # admitted, but its cores are still being given back by others: wait for them
+            log.debug("task %s holds no CPU yet; not pinning it", task.name)
+            return
         mems = tuple(sorted({n for c in cpus if (n := self._node_of.get(c)) is not None}))
         try:
             self.enforcer.apply(task.name, task.pid, cpus, mems)
         except Exception as err:
             log.warning("enforcing the allocation of %s (pid %d) failed: %s", task.name, task.pid, err)
+
+    def holdings_of(self, name: str) -> tuple[int, ...]:
+        """CPUs task `name` may run on now (announced plus those it has yet to give back)."""
+        task = self.state.tasks.get(name)
+        if task is None:
+            return ()
+        held = set(task.announced) | {c for c, r in self.state.revocations.items() if r.task == name}
+        return tuple(sorted(held))
+
+    def reapply_all(self) -> None:
+        """Pin every task again (after lost process events: threads may have been missed)."""
+        for task in list(self.state.tasks.values()):
+            self._enforce_apply(task, self.holdings_of(task.name))
 
     def _enforce_release(self, task: Task) -> None:
         try:
@@ -375,8 +492,20 @@ class ResourceManager:
             self._deadline_timer.cancel()
         async with self._gen_changed:
             self._gen_changed.notify_all()
-        for task in list(self.state.tasks.values()):
-            self._enforce_release(task)
+        # A recomputation in flight publishes (and pins) before we release; but a stuck SKB
+        # must not keep the processes pinned, so wait for it a bounded time only.
+        try:
+            await asyncio.wait_for(self._alloc_lock.acquire(), CLOSE_WAIT_S)
+            locked = True
+        except TimeoutError:
+            log.warning("a recomputation is still running after %g s; releasing the tasks anyway", CLOSE_WAIT_S)
+            locked = False
+        try:
+            for task in list(self.state.tasks.values()):
+                self._enforce_release(task)
+        finally:
+            if locked:
+                self._alloc_lock.release()
         self.allocator.close()
 
 

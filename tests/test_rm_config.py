@@ -51,3 +51,46 @@ def test_default_socket_follows_the_environment(monkeypatch):
     monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
     expected = "/run/cod/rm.sock" if os.geteuid() == 0 else "/run/user/1000/cod/rm.sock"
     assert default_socket_path() == expected
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [('enforce_mode = "cgroups"', "enforce mode 'cgroups'"), ('solver = "magic"', "solver 'magic'"),
+     ("busy_window = 0", "busy_window"), ("busy_threshold = -0.5", "busy_threshold"),
+     ('confine_others = "yes"', "confine_others"), ("refresh_interval_s = 0", "refresh_interval_s"),
+     ("solver_time_limit_s = -1", "solver_time_limit_s")],
+)
+def test_bad_enforcement_and_solver_settings_are_named(tmp_path, text, needle):
+    f = tmp_path / "rm.toml"
+    f.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=needle):
+        build_config(f)
+
+
+@pytest.mark.parametrize(
+    "file, flags, mode, enforce",
+    [("", {}, "auto", True),
+     ('enforce_mode = "affinity"\n', {}, "affinity", True),
+     ('enforce_mode = "affinity"\n', {"enforce_mode": "cpuset"}, "cpuset", True),
+     ("", {"enforce_mode": "none"}, "none", False),
+     ("", {"enforce": False}, "none", False),  # --no-enforce
+     ('enforce_mode = "cpuset"\nmachine = "shanghai"\n', {}, "none", False)],  # planning only
+)
+def test_the_enforcement_mode_comes_from_file_then_flags(tmp_path, file, flags, mode, enforce):
+    f = tmp_path / "rm.toml"
+    f.write_text(file)
+    cfg = build_config(f, **flags)
+    assert (cfg.enforce_mode, cfg.enforce) == (mode, enforce)
+
+
+@pytest.mark.parametrize("setting, root, confined", [(None, True, True), (None, False, False),
+                                                     (False, True, False), (True, False, True)])
+def test_confining_busy_processes_defaults_to_on_when_root(setting, root, confined):
+    cfg = build_config(confine_others=setting)
+    assert cfg.wants_confinement(root) is confined
+
+
+def test_the_solver_defaults_to_cpsat_with_a_time_limit():
+    cfg = build_config()
+    assert (cfg.solver, cfg.solver_time_limit_s) == ("cpsat", 1.0)
+    assert build_config(solver="greedy", solver_time_limit_s=0.2).solver_time_limit_s == 0.2

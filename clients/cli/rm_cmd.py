@@ -22,8 +22,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="plan for a reference machine instead of this one (implies --no-enforce)")
     src.add_argument("--hwloc", metavar="FILE",
                      help="plan for the machine of an hwloc XML file (implies --no-enforce)")
-    p.add_argument("--no-enforce", dest="enforce", action="store_const", const=False, default=None,
-                   help="compute and announce allocations but do not pin any process")
+    enf = p.add_mutually_exclusive_group()
+    enf.add_argument("--enforce", dest="enforce_mode", choices=["affinity", "cpuset", "none"], default=None,
+                     help="how allocations are applied: cpuset (a cgroup per task, root), affinity "
+                          "(sched_setaffinity on every thread) or none (default: cpuset when root and "
+                          "mounted, else affinity)")
+    enf.add_argument("--no-enforce", dest="enforce", action="store_const", const=False, default=None,
+                     help="compute and announce allocations but do not pin any process (= --enforce none)")
+    p.add_argument("--state-dir", metavar="DIR",
+                   help="where the daemon records what it pinned, for cleanup after a crash "
+                        "(default: /run/cod as root, else $XDG_RUNTIME_DIR/cod)")
+    p.add_argument("--cgroup-parent", metavar="NAME", help="cpuset cgroup holding the tasks' cgroups (default: cod)")
+    p.add_argument("--memory-migrate", action="store_const", const=True, default=None,
+                   help="move a task's pages when its memory nodes change (off by default: costly)")
+    conf = p.add_mutually_exclusive_group()
+    conf.add_argument("--confine-others", dest="confine_others", action="store_const", const=True, default=None,
+                      help="confine unregistered busy processes to the cores no task holds (default when root)")
+    conf.add_argument("--no-confine-others", dest="confine_others", action="store_const", const=False,
+                      help="only record unregistered busy processes and keep tasks away from their cores")
+    p.add_argument("--no-busy-detect", dest="busy_detect", action="store_const", const=False, default=None,
+                   help="do not watch for unregistered busy processes")
+    p.add_argument("--busy-interval", dest="busy_interval_s", type=float, default=None, metavar="SECONDS",
+                   help="busy-process sampling period (default: 0.1)")
+    p.add_argument("--busy-window", type=int, default=None, metavar="SAMPLES",
+                   help="samples a process must stay busy to count as a hog (default: 3)")
+    p.add_argument("--busy-threshold", type=float, default=None, metavar="CORES",
+                   help="CPU use, in cores, that counts as busy (default: 0.5)")
+    p.add_argument("--refresh-interval", dest="refresh_interval_s", type=float, default=None, metavar="SECONDS",
+                   help="live state (load, free memory, task CPU and pages) into the SKB every SECONDS (default: 1)")
+    p.add_argument("--solver", choices=["cpsat", "greedy", "naive"], default=None,
+                   help="allocator (default: cpsat, falling back to greedy at the time limit)")
+    p.add_argument("--solver-time-limit", dest="solver_time_limit_s", type=float, default=None, metavar="SECONDS",
+                   help="time limit of one allocator run (default: 1)")
     p.add_argument("--config", metavar="FILE", help="TOML file with the same settings as these flags")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default=None,
                    help="log verbosity on stderr (default: info)")
@@ -46,6 +76,18 @@ def run(args: argparse.Namespace) -> int:
             enforce=args.enforce,
             log_level=args.log_level,
             revoke_deadline_s=args.revoke_deadline_s,
+            enforce_mode=args.enforce_mode,
+            state_dir=args.state_dir,
+            cgroup_parent=args.cgroup_parent,
+            memory_migrate=args.memory_migrate,
+            confine_others=args.confine_others,
+            busy_detect=args.busy_detect,
+            busy_interval_s=args.busy_interval_s,
+            busy_window=args.busy_window,
+            busy_threshold=args.busy_threshold,
+            refresh_interval_s=args.refresh_interval_s,
+            solver=args.solver,
+            solver_time_limit_s=args.solver_time_limit_s,
         )
     except ConfigError as err:
         raise UserError(str(err), 2) from None

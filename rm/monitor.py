@@ -1,0 +1,327 @@
+"""The RM's eyes on the machine: process events, unregistered busy processes, live state.
+
+What to do about what is seen is decided here (policy); how it is seen and how
+processes are pinned is in cod.rm.enforce (mechanism), the only code that
+touches the kernel.  Everything runs on the RM's event loop:
+
+* the process event source (proc connector as root, else /proc polling) is
+  read with ``loop.add_reader``: a registered task's exit deregisters it and
+  recomputes at once; a new thread or child of a registered task is pinned at once;
+* the busy detector runs every ``busy_interval_s``: a process nobody registered
+  that stays busy over the window becomes an ``other_task`` fact, CPUs are kept
+  free for it (the allocator's ``unavailable``), and, when ``confine_others`` is
+  on, it is confined to the CPUs no task was given;
+* the live state (per-CPU load, free memory per node, per-task CPU use and pages
+  per node) is written into the SKB every ``refresh_interval_s``, only when it changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from .config import RMConfig
+from .enforce import EnforceError, Enforcer, EnforcerHook
+from .enforce.busy import BusyDetector, BusyProcess, confine
+from .enforce.livestate import LiveStateSampler
+from .enforce.procevents import ProcEvent, open_source
+from .prolog_text import atom
+from .service import OtherTask, ResourceManager
+from .state import Task
+
+log = logging.getLogger("cod.rm")
+
+MIB = 1 << 20
+PAGES_EVERY = 5  # refreshes between two reads of numa_maps (it walks the page tables: 4x a refresh without it)
+LOAD_STEP = 5  # percentage points a load must move before cpu_load/task_cpu_use is rewritten
+
+
+def other_task_name(pid: int) -> str:
+    return f"other.{pid}"
+
+
+def printable(comm: str) -> str:
+    """A process name as it may be shown and stored: control characters replaced."""
+    return "".join(c if c.isprintable() else "?" for c in comm) or "?"
+
+
+def reserve_cpus(hog: BusyProcess, taken: set[int], all_cpus: list[int]) -> tuple[int, ...]:
+    """CPUs to keep free for `hog`: as many as the cores it uses (at least one), starting
+    with the CPU it last ran on, then its other allowed CPUs, avoiding CPUs kept for others."""
+    need = max(1, min(len(all_cpus), round(hog.cpu)))
+    # The CPU it last ran on is a hint only within its affinity (a sleeping main thread
+    # of a pinned process may still show an old CPU).
+    hint = [hog.last_cpu] if hog.last_cpu in hog.cpus else []
+    order = hint + [c for c in hog.cpus if c != hog.last_cpu] + all_cpus
+    picked: list[int] = []
+    for free_only in (True, False):
+        for cpu in order:
+            if len(picked) >= need:
+                break
+            if cpu in all_cpus and cpu not in picked and (not free_only or cpu not in taken):
+                picked.append(cpu)
+    return tuple(sorted(picked))
+
+
+class Monitor:
+    def __init__(self, rm: ResourceManager, cfg: RMConfig, enforcer: Enforcer, hook: EnforcerHook,
+                 *, root: bool, skb_pid: Callable[[], int | None]) -> None:
+        self.rm = rm
+        self.cfg = cfg
+        self.enforcer = enforcer
+        self.hook = hook
+        self.root = root
+        self.skb_pid = skb_pid
+        self.confine = cfg.enforce and cfg.wants_confinement(root)
+        self.all_cpus = sorted(rm.machine.cpu_ids())
+        self.node_of = {pu.id: pu.numa_node for pu in rm.machine.pus}
+        self.children: dict[int, str] = {}  # child process -> task that forked it (directly or not)
+        self.hogs: dict[int, BusyProcess] = {}  # what the detector last said about each other_task
+        self.confined: dict[int, tuple[int, ...]] = {}  # hog pid -> CPUs it is confined to
+        self.source: Any = None
+        self.detector: BusyDetector | None = None
+        self.sampler = LiveStateSampler()
+        self._timers: list[asyncio.TimerHandle] = []
+        self._jobs: set[asyncio.Task[Any]] = set()
+        self._written: dict[str, list[str]] = {}  # SKB pattern -> facts last written
+        self._refreshing = False
+        self._refreshes = 0
+        self._loads: dict[int, int] | None = None  # cpu_load last written
+        self._uses: dict[str, int] | None = None  # task_cpu_use last written
+        self.exit_reactions_ms: list[float] = []  # exit event -> cores reassigned, inside the daemon
+
+    # ---- life cycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.source = open_source(prefer_connector=self.root, poll_interval=self.cfg.events_poll_interval_s)
+        self._watch()
+        loop.add_reader(self.source.fileno(), self._on_events)
+        if self.cfg.busy_detect:
+            self.detector = BusyDetector(self.cfg.busy_threshold, self.cfg.busy_window, registered=self._ours)
+            self._every(self.cfg.busy_interval_s, self._busy_tick)
+        self._every(self.cfg.refresh_interval_s, self._refresh_tick)
+        self.rm.on_published.append(self._reconfine)
+        log.info(
+            "watching: process events by %s; busy processes %s; live state every %.3g s",
+            self.source.kind,
+            (f"above {self.cfg.busy_threshold:g} cores for {self.cfg.busy_window} samples of "
+             f"{self.cfg.busy_interval_s:g} s, {'confined to leftover cores' if self.confine else 'not confined'}")
+            if self.cfg.busy_detect else "not watched",
+            self.cfg.refresh_interval_s,
+        )
+
+    def close(self) -> None:
+        for handle in self._timers:
+            handle.cancel()
+        # Jobs in flight are left to finish: cancelling one in the middle of an SKB exchange
+        # would leave its reply to be read as the answer to the next request.
+        if self.source is not None:
+            try:
+                asyncio.get_running_loop().remove_reader(self.source.fileno())
+            except (ValueError, OSError):
+                pass
+            self.source.close()
+        if self.detector is not None:
+            self.detector.close()
+        for pid in list(self.confined):
+            self._unconfine(pid)
+
+    def _every(self, interval: float, fn: Callable[[], None]) -> None:
+        loop = asyncio.get_running_loop()
+        slot = len(self._timers)
+
+        def tick() -> None:
+            self._timers[slot] = loop.call_later(interval, tick)  # first, so a failure does not stop it
+            try:
+                fn()
+            except Exception:
+                log.exception("periodic %s failed", fn.__name__)
+
+        self._timers.append(loop.call_later(interval, tick))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        job = asyncio.get_running_loop().create_task(coro)
+        self._jobs.add(job)
+        job.add_done_callback(self._jobs.discard)
+
+    def _ours(self) -> set[int]:
+        """Pids the busy detector must not report: registered tasks, their children, the SKB engine."""
+        pids = set(self.rm.task_pids()) | set(self.children)
+        skb = self.skb_pid()
+        if skb is not None:
+            pids.add(skb)
+        return pids
+
+    def _watch(self) -> None:
+        if hasattr(self.source, "watch"):  # the poller lists threads of watched processes only
+            self.source.watch = set(self.rm.task_pids()) | set(self.children)
+
+    # ---- process events --------------------------------------------------------------------
+    def _on_events(self) -> None:
+        try:
+            events = self.source.read_events()
+        except EnforceError as err:
+            log.error("reading process events: %s", err)
+            return
+        if not events:
+            return
+        owners = self.rm.task_pids()
+        for ev in events:
+            if ev.kind == "fork":
+                self._forked(ev, owners)
+            elif ev.kind == "exit" and not ev.is_thread:
+                self._exited(ev, owners)
+            elif ev.kind == "overrun":
+                log.warning("process events were lost (socket buffer full); re-pinning every task")
+                self.rm.reapply_all()
+        self._watch()
+
+    def _forked(self, ev: ProcEvent, owners: dict[int, Task]) -> None:
+        if ev.is_thread:  # a new thread of process tgid
+            task = owners.get(ev.tgid)
+            name = task.name if task is not None else self.children.get(ev.tgid)
+        else:  # a new process, child of parent_tgid
+            task = owners.get(ev.parent_tgid)
+            name = task.name if task is not None else self.children.get(ev.parent_tgid)
+            if name is not None:
+                self.children[ev.pid] = name
+        if name is None or not self.rm.holdings_of(name):
+            return
+        try:
+            self.enforcer.add_thread(name, ev.pid)
+        except EnforceError as err:
+            log.debug("pinning new thread %d of %s: %s", ev.pid, name, err)
+
+    def _exited(self, ev: ProcEvent, owners: dict[int, Task]) -> None:
+        self.children.pop(ev.pid, None)
+        task = owners.get(ev.pid)
+        if task is not None:
+            owners.pop(ev.pid, None)
+            self._spawn(self._task_exited(task, ev.timestamp_ns))
+        elif ev.pid in self.rm.others:
+            others = {p: o for p, o in self.rm.others.items() if p != ev.pid}
+            self.hogs.pop(ev.pid, None)
+            self._unconfine(ev.pid)
+            self._spawn(self.rm.set_others(others, f"busy process {ev.pid} exited"))
+
+    async def _task_exited(self, task: Task, event_ns: int) -> None:
+        ms = await self.rm.task_exited(task, event_ns)
+        if ms is not None:
+            self.exit_reactions_ms.append(ms)
+
+    # ---- unregistered busy processes -------------------------------------------------------
+    def _busy_tick(self) -> None:
+        assert self.detector is not None
+        ours = self._ours()
+        now = {h.pid: h for h in self.detector.sample() if h.pid not in ours}
+        others = dict(self.rm.others)
+        changes: list[str] = []
+        for pid in [p for p in others if p not in now]:
+            changes.append(f"busy process {pid} ({others.pop(pid).comm}) is quiet or gone")
+            self.hogs.pop(pid, None)
+            self._unconfine(pid)
+        taken = {c for o in others.values() for c in o.cpus}
+        for pid, hog in sorted(now.items(), key=lambda kv: (-kv[1].cpu, kv[0])):
+            self.hogs[pid] = hog
+            if pid in others:
+                continue
+            cpus = reserve_cpus(hog, taken, self.all_cpus)
+            taken.update(cpus)
+            others[pid] = OtherTask(pid, printable(hog.comm), hog.cpu, cpus)
+            changes.append(f"busy process {pid} ({printable(hog.comm)}) uses {hog.cpu:.2f} cores")
+            log.info("unregistered busy process %d (%s): %.2f cores, keeping CPUs %s for it",
+                     pid, printable(hog.comm), hog.cpu, ",".join(map(str, cpus)))
+        if changes:
+            self._spawn(self.rm.set_others(others, "; ".join(changes)))
+
+    def _reconfine(self) -> None:
+        """After each published plan: keep every busy process on the CPUs no task was given."""
+        if not self.confine:
+            return
+        planned = {c for cores in self.rm.plan.values() for c in cores}
+        leftover = tuple(c for c in self.all_cpus if c not in planned)
+        for pid, other in list(self.rm.others.items()):
+            target = leftover or other.cpus
+            if len(target) == len(self.all_cpus):  # no task to keep it away from
+                self._unconfine(pid)
+                continue
+            hog = self.hogs.get(pid)
+            if hog is None or self.confined.get(pid) == target:
+                continue
+            mems = tuple(sorted({self.node_of[c] for c in target if c in self.node_of}))
+            try:
+                confine(self.enforcer, hog, target, mems)
+                self.confined[pid] = target
+                log.info("confined busy process %d (%s) to CPUs %s", pid, other.comm, ",".join(map(str, target)))
+            except EnforceError as err:
+                log.info("not confining busy process %d: %s", pid, err)
+
+    def _unconfine(self, pid: int) -> None:
+        if self.confined.pop(pid, None) is None:
+            return
+        try:
+            self.enforcer.release(other_task_name(pid))
+        except EnforceError as err:
+            log.warning("releasing busy process %d: %s", pid, err)
+
+    # ---- live state ------------------------------------------------------------------------
+    def _refresh_tick(self) -> None:
+        if self._refreshing:  # the previous write is still queued behind a slow SKB query
+            return
+        tasks: dict[str, list[int]] = {n: [t.pid] for n, t in self.rm.state.tasks.items()}
+        for child in [c for c, name in self.children.items() if name not in tasks]:
+            del self.children[child]  # its task left
+        for child, name in self.children.items():
+            if name in tasks:
+                tasks[name].append(child)
+        pages = self._refreshes % PAGES_EVERY == 0
+        self._refreshes += 1
+        state = self.sampler.sample(tasks, pages=pages)
+        for name, task_state in state.tasks.items():
+            task = self.rm.state.tasks.get(name)
+            if task is not None and task.pid not in task_state.pids:
+                # Its exit event was missed (it exited while being admitted, or events overran).
+                log.info("task %s: pid %d is gone", name, task.pid)
+                self._spawn(self._task_exited(task, time.monotonic_ns()))
+        loads = {c: round(v * 100) for c, v in state.cpu_load.items()}
+        uses = {n: round(s.cpu * 100) for n, s in state.tasks.items()}
+        writes = {
+            "cpu_load(_, _)": [f"cpu_load({c}, {p})" for c, p in sorted(loads.items())],
+            # Free memory to the MiB: the last bytes change all the time and would rewrite it every refresh.
+            "numa_free(_, _)": [f"numa_free({n}, {b // MIB * MIB})" for n, b in sorted(state.node_free_bytes.items())],
+            "task_cpu_use(_, _)": [f"task_cpu_use({atom(n)}, {p})" for n, p in sorted(uses.items())],
+        }
+        if pages:
+            writes["task_numa_pages(_, _, _)"] = [f"task_numa_pages({atom(n)}, {node}, {count})"
+                                                  for n, s in sorted(state.tasks.items())
+                                                  for node, count in s.pages.items()]
+        # Loads are rewritten when one moved by LOAD_STEP points (or a CPU/task came or went), not for noise.
+        if self._close_enough(self._loads, loads):
+            writes.pop("cpu_load(_, _)")
+        else:
+            self._loads = loads
+        if self._close_enough(self._uses, uses):
+            writes.pop("task_cpu_use(_, _)")
+        else:
+            self._uses = uses
+        changed = {p: f for p, f in writes.items() if self._written.get(p) != f}
+        if changed:
+            self._refreshing = True
+            self._spawn(self._write_live_state(changed))
+
+    @staticmethod
+    def _close_enough(old: dict[Any, int] | None, new: dict[Any, int]) -> bool:
+        return old is not None and old.keys() == new.keys() and all(abs(new[k] - old[k]) < LOAD_STEP for k in new)
+
+    async def _write_live_state(self, changed: dict[str, list[str]]) -> None:
+        try:
+            for pattern, facts in changed.items():
+                await self.rm.skb.replace_system_facts(pattern, facts)
+                self._written[pattern] = facts
+        except Exception as err:
+            log.warning("writing the live state into the SKB: %s", err)
+        finally:
+            self._refreshing = False
