@@ -220,8 +220,13 @@ class AsyncSKB:
         request_id = self._next_id
         loop = asyncio.get_running_loop()
         self._stdin.write(codec.request_line(request_id, op))
-        line = await self._read_line(loop, timeout_s)
-        return codec.decode_reply(line, request_id)
+        deadline = loop.time() + timeout_s
+        while True:
+            line = await self._read_line(loop, max(0.0, deadline - loop.time()))
+            try:
+                return codec.decode_reply(line, request_id)
+            except codec.StaleReply:
+                continue  # the answer to a call that was cancelled
 
     async def _run(self, op: Op, timeout_s: float | None = None) -> Any:
         wait = (timeout_s if timeout_s is not None else self.config.query_timeout_s) + WATCHDOG_GRACE_S

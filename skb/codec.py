@@ -170,13 +170,24 @@ def request_line(request_id: int, op: Op) -> bytes:
     return f"req({request_id},{op.text}).\n".encode("utf-8")
 
 
+class StaleReply(Exception):
+    """The reply to an earlier request whose caller gave up waiting (cancelled)."""
+
+
 def decode_reply(line: bytes, request_id: int) -> Any:
-    """The ``ok`` value of a reply line, or raise its :class:`SKBError`."""
+    """The ``ok`` value of a reply line, or raise its :class:`SKBError`.
+
+    Raises :class:`StaleReply` for the answer to an earlier request: the
+    caller skips it and reads on, so one abandoned call cannot shift every
+    later answer onto the wrong request."""
     try:
         reply = json.loads(line)
     except ValueError as err:
         raise SKBError("engine", f"unreadable reply from the engine: {line[:200]!r}") from err
-    if reply.get("id") != request_id:
+    rid = reply.get("id")
+    if isinstance(rid, int) and 0 < rid < request_id:
+        raise StaleReply(rid)
+    if rid != request_id:
         raise SKBError("engine", f"reply for request {reply.get('id')} while waiting for {request_id}")
     if "ok" in reply:
         return reply["ok"]

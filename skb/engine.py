@@ -253,10 +253,14 @@ class SKB:
             self._proc.stdin.flush()
         except BrokenPipeError:
             raise EOFError from None
-        line = self._read_line(deadline)
-        if line is None:
-            raise EOFError
-        return codec.decode_reply(line, request_id)
+        while True:
+            line = self._read_line(deadline)
+            if line is None:
+                raise EOFError
+            try:
+                return codec.decode_reply(line, request_id)
+            except codec.StaleReply:
+                continue
 
     def _run(self, op: Op, timeout_s: float | None = None) -> Any:
         wait = (timeout_s if timeout_s is not None else self.config.query_timeout_s) + WATCHDOG_GRACE_S

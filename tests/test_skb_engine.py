@@ -218,3 +218,25 @@ def test_journal_is_compacted_and_replays_the_same_state(monkeypatch: pytest.Mon
         assert engine.execute_query("db", "task(T, P, A)") == [{"T": "keep", "P": 42, "A": "db"}]
         assert engine.execute_query("db", "allocated(T, C)") == [{"T": "keep", "C": 3}]
         assert engine.execute_query("db", "get_nr_cores(N)") == [{"N": 16}]
+
+
+def test_async_engine_survives_a_cancelled_call() -> None:
+    async def scenario() -> None:
+        engine = await AsyncSKB.start()
+        try:
+            await engine.add_facts("a", ["n(1)"])
+            slow = asyncio.ensure_future(
+                engine.execute_query("a", "numlist(1, 300000, L), sum_list(L, S)")
+            )
+            await asyncio.sleep(0)  # the request is written; now its caller gives up
+            slow.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            # every later call still gets its own answer
+            for i in range(5):
+                assert await engine.execute_query("a", f"X = {i}") == [{"X": i}]
+            assert engine.restarts == 0
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())
