@@ -3,15 +3,20 @@ against an exhaustive python-constraint search on small random instances."""
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from cod.facts.synthetic import GIB, Shape, build
 from cod.rm.allocator import TaskSpec, allocate
+from cod.rm.allocator.bounds import RelaxedBound, relaxed_bound, upper_bound
 from cod.rm.allocator.check import objective, violations
 from cod.rm.allocator.cpsat import solve_counts
 from cod.rm.allocator.mapping import map_counts
 from cod.rm.allocator.oracle import best, search_space
+from cod.rm.allocator.lns import improve
+from cod.rm.allocator.packing import pack
 from cod.rm.allocator.topology import build_view
 
 MAX_SPACE = 60_000  # keeps one exhaustive search well under a second
@@ -87,6 +92,27 @@ def check_against_oracle(m, tasks, unavailable, view, current=None):
         alloc = map_counts(view, tasks, current or {}, sol.counts, sol.cores)
         assert violations(view, tasks, alloc) == []
         assert objective(view, tasks, alloc, current) == best_obj
+    # The bounds that prove answers optimal without search must be valid.
+    rb = relaxed_bound(view, tasks, current or {}, 5.0)
+    if best_obj is not None:
+        assert isinstance(rb, RelaxedBound), rb
+        assert rb.objective >= best_obj, (rb, best_obj)
+        assert upper_bound(view, tasks, current or {}) >= best_obj
+        # a packing of the relaxation's totals is a feasible allocation
+        packed = pack(view, tasks, current or {}, rb.totals, (rb.spread, rb.moves))
+        if packed is not None:
+            alloc = map_counts(view, tasks, current or {}, packed.counts, packed.cores)
+            assert violations(view, tasks, alloc) == []
+            assert objective(view, tasks, alloc, current) <= best_obj
+            if packed.complete:
+                assert objective(view, tasks, alloc, current)[:-2] == rb.levels
+            # the neighbourhood search keeps everything valid and never loses
+            counts, cores, _ = improve(view, tasks, current or {}, packed.counts, packed.cores,
+                                       time.perf_counter() + 0.2)
+            better = map_counts(view, tasks, current or {}, counts, cores)
+            assert violations(view, tasks, better) == []
+            assert objective(view, tasks, better, current)[:-1] >= objective(view, tasks, alloc, current)[:-1]
+            assert objective(view, tasks, better, current) <= best_obj
     g = allocate(m, tasks, current, unavailable=unavailable, solver="greedy")
     if g.status != "infeasible":
         assert best_obj is not None

@@ -1,8 +1,10 @@
 """The global allocator (issue #5): a pure function from (machine, tasks,
 current allocation) to an allocation; no sockets, cgroups or Prolog.
 
-Solvers: ``cpsat`` (count model over classes of interchangeable CPUs, exact,
-with the greedy allocator as fallback on timeout), ``naive`` (the paper's
+Solvers: ``cpsat`` (a lexicographic relaxation bound, a best-fit packing and
+small CP-SAT neighbourhoods that usually prove the answer without search, then
+the count model over classes of interchangeable CPUs, with the best answer so
+far as fallback on timeout; see :mod:`.solve`), ``naive`` (the paper's
 Figure 4 core-by-task boolean matrix, a reference model) and ``greedy``.
 The problem itself (constraints C1-C6, objective O1-O4) is stated in
 :mod:`cod.rm.allocator.check`.

@@ -62,13 +62,16 @@ def violations(
     for c, hs in sorted(holders.items()):
         if len(hs) > 1 and any(h.exclusive for h in hs):
             out.append(f"C3 CPU {c}: exclusive task shares it with {', '.join(h.name for h in hs)}")
+    used_on: dict[int, int] = {}
+    for t in tasks:
+        if t.working_set_bytes:
+            for c in set(alloc.get(t.name, ())):
+                n = view.node_of.get(c)
+                used_on[n] = used_on.get(n, 0) + t.working_set_bytes
     for node, free in view.node_free.items():
         if free is None:
             continue
-        used = sum(
-            t.working_set_bytes * sum(1 for c in set(alloc.get(t.name, ())) if view.node_of.get(c) == node)
-            for t in tasks
-        )
+        used = used_on.get(node, 0)
         if used > free:
             out.append(f"C4 node {node}: {used} bytes of working sets > {free} free")
     domains = {t.name: {view.domain_of[c] for c in alloc.get(t.name, ()) if c in view.domain_of} for t in tasks}

@@ -40,13 +40,16 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
 from .check import effective_max, priority_levels
 from .model import TaskSpec
 from .topology import View
+
+if TYPE_CHECKING:
+    from .bounds import RelaxedBound
 
 _DEBUG = bool(os.environ.get("COD_ALLOC_DEBUG"))
 _PARAMS: dict = {}  # overrides for experiments (bench)
@@ -227,6 +230,7 @@ def solve_counts(
     time_limit_s: float,
     workers: int = 1,
     hint: Mapping[str, Sequence[int]] | None = None,
+    bound: "RelaxedBound | None" = None,
 ) -> CountSolution:
     """Solve in the order that makes proofs cheap:
 
@@ -239,18 +243,25 @@ def solve_counts(
        the level is maximised and fixed; then O3, O4 as in 2.
 
     ``hint`` (e.g. the greedy allocation) seeds every solve with its counts.
+    ``bound`` (:func:`cod.rm.allocator.bounds.relaxed_bound`) replaces step 1
+    and adds its O3 bound as a cut to step 2.
     Time: each relaxation gets at most a quarter of what is left, step 2 at
     most half; the model build is included in ``time_limit_s`` only loosely
     (it is not interruptible).
     """
     deadline = time.perf_counter() + time_limit_s
-    relaxed = relaxed_levels(view, tasks, [], workers, time_limit_s / 4)
-    if relaxed is None:
-        return CountSolution("infeasible", {}, {}, {})
+    if bound is not None:
+        relaxed = list(bound.levels)
+    else:
+        relaxed = relaxed_levels(view, tasks, [], workers, time_limit_s / 4)
+        if relaxed is None:
+            return CountSolution("infeasible", {}, {}, {})
     mod = _build(view, tasks, current)
     _add_hint(view, tasks, mod, hint)
     for e, u in zip(mod.levels, relaxed):
         mod.m.add(e == u)
+    if bound is not None and mod.spread_cap:
+        mod.m.add(mod.spread >= bound.spread)  # valid once the levels are fixed to bound.levels
     mod.m.maximize(_lower_objective(mod))
     solver = _solver(workers, (deadline - time.perf_counter()) / 2)
     st = solver.solve(mod.m)
@@ -326,21 +337,8 @@ def _weights(bounds: list[int]) -> list[int] | None:
     return weights
 
 
-def relaxed_levels(
-    view: View, tasks: Sequence[TaskSpec], fixed: Sequence[int], workers: int = 1,
-    time_limit_s: float = 1.0,
-) -> list[int] | None:
-    """Upper bounds of O2 per priority level from a relaxation without classes.
-
-    Per task only its total X_t; C3+C6 become one machine-wide capacity (an E1
-    task's PUs rounded up to whole cores of the gcd of the SMT widths), C4 one
-    machine-wide memory budget, C5 a choice of polluted domains: cache-sensitive
-    tasks fit in the others, polluters in those.  Every allocation maps to a
-    solution of this relaxation with the same O2, so its lexicographic optimum
-    bounds O2 from above; ``fixed`` pins the sums of the first levels.  None:
-    infeasible, so the real problem is too.  Tiny model: one variable per task.
-    """
-    levels = priority_levels(tasks)
+def relaxation(view: View, tasks: Sequence[TaskSpec]) -> tuple[cp_model.CpModel, dict[str, cp_model.IntVar]]:
+    """The class-free relaxation of :func:`relaxed_levels`: the model and X per task."""
     k = math.gcd(*(g.threads for g in view.classes)) if view.classes else 1
     m = cp_model.CpModel()
     X = {t.name: m.new_int_var(t.min_cores, effective_max(t, view), f"X{t.name}") for t in tasks}
@@ -376,12 +374,20 @@ def relaxed_levels(
         for g in view.classes:
             cap[g.domain] += g.size
         kinds = ["clean", "polluted"] + [t.name for t in isolated]
-        kind = {(d, k): m.new_bool_var(f"kind{d}_{k}") for d in range(view.n_domains) for k in kinds}
+        # Domains of equal size are interchangeable here: count them per kind
+        # (an integer per size and kind, not a boolean per domain and kind:
+        # no symmetric solutions; 24 domains of one size -> 3 integers).
+        sizes: dict[int, int] = {}
         for d in range(view.n_domains):
-            m.add_exactly_one(kind[d, k] for k in kinds)
+            sizes[cap[d]] = sizes.get(cap[d], 0) + 1
+        kind = {(z, k): m.new_int_var(0, n, f"kind{z}_{k}") for z, n in sizes.items() for k in kinds}
+        for z, n in sizes.items():
+            m.add(sum(kind[z, k] for k in kinds) == n)
 
         def room(k: str) -> cp_model.LinearExprT:
-            return sum(cap[d] * kind[d, k] for d in range(view.n_domains))
+            return sum(z * kind[z, k] for z in sizes)
+
+        sub_pools: list[cp_model.LinearExprT] = []
 
         def demand(group: list[TaskSpec], label: str) -> cp_model.LinearExprT:
             # exclusive tasks add up; shareable ones may share one pool
@@ -391,6 +397,7 @@ def relaxed_levels(
                 sub_pool = m.new_int_var(0, total, f"pool_{label}")
                 for t in shared_here:
                     m.add(X[t.name] <= sub_pool)
+                sub_pools.append(sub_pool)
                 out += sub_pool
             return out
 
@@ -398,11 +405,35 @@ def relaxed_levels(
         m.add(demand(polluters, "polluted") <= room("polluted"))
         for t in isolated:
             m.add(X[t.name] <= room(t.name))
+            if not t.exclusive:
+                sub_pools.append(X[t.name])
+        if len(sub_pools) > 1:
+            # the pool's PUs in clean, polluted and isolated domains are disjoint
+            m.add(pool >= sum(sub_pools))
     if all(f is not None for f in view.node_free.values()):
         unit = math.gcd(*(t.working_set_bytes for t in tasks))
         if unit:
             budget = sum(view.node_free.values()) // unit
             m.add(sum(t.working_set_bytes // unit * X[t.name] for t in tasks) <= budget)
+    return m, X
+
+
+def relaxed_levels(
+    view: View, tasks: Sequence[TaskSpec], fixed: Sequence[int], workers: int = 1,
+    time_limit_s: float = 1.0,
+) -> list[int] | None:
+    """Upper bounds of O2 per priority level from a relaxation without classes.
+
+    Per task only its total X_t; C3+C6 become one machine-wide capacity (an E1
+    task's PUs rounded up to whole cores of the gcd of the SMT widths), C4 one
+    machine-wide memory budget, C5 a choice of polluted domains: cache-sensitive
+    tasks fit in the others, polluters in those.  Every allocation maps to a
+    solution of this relaxation with the same O2, so its lexicographic optimum
+    bounds O2 from above; ``fixed`` pins the sums of the first levels.  None:
+    infeasible, so the real problem is too.  Tiny model: one variable per task.
+    """
+    levels = priority_levels(tasks)
+    m, X = relaxation(view, tasks)
     sums = [sum(X[t.name] for t in tasks if t.priority == p) for p in levels]
     for e, v in zip(sums, fixed):
         m.add(e == v)

@@ -49,8 +49,12 @@ def map_counts(
             n_u = counts[u.name].get(g.index, 0)
             if n_u and not is_e1(u):
                 reserved.update(sorted(cur[u.name] & class_cpus)[:n_u])
+        held_now = {p for u in by_name for p in cur[u.name] & class_cpus}
         for t in e1:
-            free_cores.sort(key=lambda core: (len(reserved.intersection(core)), core[0]))
+            # fewest PUs others keep, then fewest PUs anyone holds now (those
+            # others could keep instead of their reserved ones)
+            free_cores.sort(key=lambda core: (len(reserved.intersection(core)),
+                                              len(held_now.intersection(core)), core[0]))
             n_more = want[t.name] - len(taken[t.name])
             taken[t.name] += free_cores[:n_more]
             free_cores = free_cores[n_more:]

@@ -1,0 +1,241 @@
+"""Lower bounds of the allocation objective (what no allocation can beat).
+
+Two kinds:
+
+* :func:`upper_bound`: closed form, microseconds; O2 from every task's cap.  It
+  proves a greedy answer optimal when every task reaches its cap (the paper's
+  Table 4 scenario).
+* :func:`relaxed_bound`: the class-free relaxation of :mod:`.cpsat` solved
+  lexicographically: O2 per level, then O3 (each sensitive task spans at least
+  the fewest nodes / domains whose capacities for it hold its total), then O4
+  (CPUs of the current allocation beyond the task's total must move).  A few
+  milliseconds; tight on the machines we measured (see docs/design-allocator.md).
+
+Objective tuples compare as in :func:`cod.rm.allocator.check.objective`:
+larger is better, so O3/O4 bounds appear negated.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from ortools.sat.python import cp_model
+
+from .check import effective_max, priority_levels
+from .model import TaskSpec
+from .topology import View
+
+
+def task_caps(view: View, tasks: Sequence[TaskSpec]) -> dict[str, tuple[int, list[int], list[int]]]:
+    """Per task: (most CPUs it can ever get, its capacity per node, per domain),
+    capacities sorted from the largest down.
+
+    A node holds at most free // working_set of its CPUs for the task (C4); a
+    cache-sensitive task loses at least one whole domain when any other task
+    pollutes the cache (C5: polluters hold at least one CPU somewhere).
+    """
+    per_node_cpus: dict[int, int] = {}
+    per_dn: dict[tuple[int, int], int] = {}
+    for g in view.classes:
+        per_node_cpus[g.node] = per_node_cpus.get(g.node, 0) + g.size
+        per_dn[g.domain, g.node] = per_dn.get((g.domain, g.node), 0) + g.size
+    out = {}
+    for t in tasks:
+        node_cap = {}
+        for n, k in per_node_cpus.items():
+            free = view.node_free.get(n)
+            node_cap[n] = k if free is None or not t.working_set_bytes else min(k, free // t.working_set_bytes)
+        dom_cap = [0] * view.n_domains
+        for (d, n), k in per_dn.items():
+            dom_cap[d] += min(k, node_cap[n])
+        cap = min(effective_max(t, view), sum(node_cap.values()))
+        if "cache" in t.sensitive and any(u.pollutes_cache and u.name != t.name for u in tasks):
+            cap = min(cap, sum(dom_cap) - min(dom_cap))
+        out[t.name] = (max(cap, 0), sorted(node_cap.values(), reverse=True), sorted(dom_cap, reverse=True))
+    return out
+
+
+def fewest(sizes: list[int], need: int) -> int:
+    """How many of ``sizes`` (sorted, largest first) it takes to hold ``need``."""
+    total = 0
+    for i, s in enumerate(sizes):
+        if total >= need:
+            return i
+        total += s
+    return len(sizes)
+
+
+def forced_moves(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
+                 totals: Mapping[str, int]) -> int:
+    """CPUs of ``current`` that must move when each task holds ``totals[t]`` CPUs."""
+    avail = set(view.cpus)
+    out = 0
+    for t in tasks:
+        cur = set(current.get(t.name, ()))
+        out += len(cur - avail) + max(0, len(cur & avail) - totals[t.name])
+    return out
+
+
+def upper_bound(
+    view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]]
+) -> tuple[int, ...]:
+    """An objective no allocation can beat (compare with :func:`.check.objective`).
+
+    O2: every task at its cap (:func:`task_caps`).  O3: if O2 reaches that
+    bound, every task holds exactly its cap, so it spans at least the fewest
+    nodes / domains whose capacities for it add up to the cap.  O4: current
+    CPUs that are gone or exceed the cap must move.
+    """
+    caps = task_caps(view, tasks)
+    granted = tuple(
+        sum(caps[t.name][0] for t in tasks if t.priority == p) for p in priority_levels(tasks)
+    )
+    spread = 0
+    for t in tasks:
+        need, node_caps, dom_caps = caps[t.name]
+        if "numa" in t.sensitive:
+            spread += fewest(node_caps, need)
+        if "cache" in t.sensitive:
+            spread += fewest(dom_caps, need)
+    forced = forced_moves(view, tasks, current, {t.name: caps[t.name][0] for t in tasks})
+    return granted + (-spread, -forced)
+
+
+@dataclass(frozen=True)
+class RelaxedBound:
+    """The relaxation's lexicographic optimum (or bound, when ``proven`` is False
+    for O3/O4): no allocation has an objective above ``objective``."""
+
+    levels: tuple[int, ...]  # O2 per level, proven optimal in the relaxation
+    spread: int  # lower bound of O3 among allocations reaching ``levels``
+    moves: int  # lower bound of O4 among those also reaching ``spread``
+    totals: dict[str, int]  # CPUs per task in the relaxation's optimum
+
+    @property
+    def objective(self) -> tuple[int, ...]:
+        return self.levels + (-self.spread, -self.moves)
+
+
+def relaxed_bound(
+    view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
+    time_limit_s: float,
+) -> RelaxedBound | None | str:
+    """:class:`RelaxedBound`; None when the relaxation (so the problem) is
+    infeasible; "unknown" when O2 was not proven within the time limit.
+    O3 and O4 get what O2 left of the time limit; unproven, they keep the
+    solver's bound (still valid) or the trivial one."""
+    from .cpsat import relaxation  # the model is defined once, next to the full one
+
+    deadline = time.perf_counter() + time_limit_s
+    if any(t.min_cores > effective_max(t, view) for t in tasks):
+        return None  # more than the machine has
+    m, X = relaxation(view, tasks)
+    levels = priority_levels(tasks)
+    sums = [sum(X[t.name] for t in tasks if t.priority == p) for p in levels]
+    caps = [sum(effective_max(t, view) for t in tasks if t.priority == p) for p in levels]
+    weights = _weights(caps)
+    if weights is None:
+        return "unknown"
+    solver = _solver(time_limit_s)
+    m.maximize(sum(w * e for e, w in zip(sums, weights)))
+    st = solver.solve(m)
+    if st == cp_model.INFEASIBLE:
+        return None
+    if st != cp_model.OPTIMAL:
+        return "unknown"
+    u = tuple(int(solver.value(e)) for e in sums)
+    for e, v in zip(sums, u):
+        m.add(e == v)
+    hint = {name: int(solver.value(v)) for name, v in X.items()}
+
+    # O3: per sensitive task, nodes / domains spanned >= fewest holding X_t.
+    tcaps = task_caps(view, tasks)
+    spread_terms: list[cp_model.LinearExprT] = []
+    const = 0
+    for t in tasks:
+        for key, sizes in (("numa", tcaps[t.name][1]), ("cache", tcaps[t.name][2])):
+            if key not in t.sensitive:
+                continue
+            hi = effective_max(t, view)
+            if not sizes or sizes[0] >= hi:
+                const += 1
+                continue
+            prefix = [0]
+            for s in sizes:
+                prefix.append(prefix[-1] + s)
+            lo = fewest(sizes, t.min_cores)
+            d = m.new_int_var(max(1, lo), len(sizes), f"D{key}{t.name}")
+            # X <= prefix[D], prefix concave in D: the minimum of its linear
+            # pieces, one per distinct size (one constraint on uniform
+            # machines).  Linear, so the LP is tight: 3x faster than an element
+            # constraint (14 -> 5 ms with 128 tasks).
+            for k, size in enumerate(sizes):
+                if k == 0 or size != sizes[k - 1]:
+                    m.add(X[t.name] <= prefix[k] + size * (d - k))
+            spread_terms.append(d)
+    for name, v in hint.items():
+        m.add_hint(X[name], v)
+    spread_lb = const
+    totals = hint
+    if spread_terms:
+        m.minimize(sum(spread_terms))
+        solver = _solver(deadline - time.perf_counter())
+        st = solver.solve(m)
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return RelaxedBound(u, const + len(spread_terms), forced_moves(view, tasks, current, hint), hint)
+        spread_lb = const + math.ceil(solver.best_objective_bound - 1e-6)
+        totals = {name: int(solver.value(v)) for name, v in X.items()}
+        if st != cp_model.OPTIMAL:  # a bound, not an optimum: O4 is left at its trivial bound
+            return RelaxedBound(u, spread_lb, 0, totals)
+        m.add(sum(spread_terms) == spread_lb - const)
+    if not current:
+        return RelaxedBound(u, spread_lb, 0, totals)
+    # O4: CPUs beyond a task's total must move.
+    avail = set(view.cpus)
+    gone = 0
+    move_terms = []
+    for t in tasks:
+        cur = set(current.get(t.name, ()))
+        gone += len(cur - avail)
+        here = len(cur & avail)
+        if here > t.min_cores:
+            mv = m.new_int_var(0, here, f"M{t.name}")
+            m.add(mv >= here - X[t.name])
+            move_terms.append(mv)
+    if not move_terms:
+        return RelaxedBound(u, spread_lb, gone, totals)
+    m.clear_hints()
+    for name, v in totals.items():
+        m.add_hint(X[name], v)
+    m.minimize(sum(move_terms))
+    solver = _solver(deadline - time.perf_counter())
+    st = solver.solve(m)
+    if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return RelaxedBound(u, spread_lb, gone, totals)
+    return RelaxedBound(u, spread_lb, gone + math.ceil(solver.best_objective_bound - 1e-6),
+                        {name: int(solver.value(v)) for name, v in X.items()})
+
+
+def _solver(seconds: float) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = 1
+    solver.parameters.max_time_in_seconds = max(0.001, seconds)
+    # as in cpsat._solver: presolve's symmetry detection and probing dominate here
+    solver.parameters.symmetry_level = 0
+    solver.parameters.cp_model_probing_level = 0
+    return solver
+
+
+def _weights(bounds: list[int]) -> list[int] | None:
+    """Weights making a weighted sum of terms in [0, bound] lexicographic, or
+    None if they exceed 62 bits."""
+    weights = [1]
+    for ub in reversed(bounds[1:]):
+        weights.append(weights[-1] * (ub + 1))
+    weights.reverse()
+    if weights[0] * (bounds[0] + 1) >= 1 << 62:
+        return None
+    return weights
