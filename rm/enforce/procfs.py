@@ -11,6 +11,9 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from cod.facts.cpulist import format_cpulist as format_cpu_list  # the kernel's list format
+from cod.facts.cpulist import parse_cpulist as parse_cpu_list
+
 PROC = "/proc"
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 
@@ -118,39 +121,6 @@ def status_field(pid: int, name: str, tid: int | None = None, proc: str = PROC) 
 def cpus_allowed(pid: int, tid: int | None = None, proc: str = PROC) -> tuple[int, ...]:
     """``Cpus_allowed_list`` of a process or thread, as a sorted tuple."""
     return parse_cpu_list(status_field(pid, "Cpus_allowed_list", tid, proc))
-
-
-def parse_cpu_list(text: str) -> tuple[int, ...]:
-    """Parse the kernel's list format ``0-3,8,10-11`` (also cpuset.cpus/mems)."""
-    out: set[int] = set()
-    text = text.strip()
-    if not text:
-        return ()
-    for part in text.split(","):
-        lo, sep, hi = part.partition("-")
-        try:
-            first = int(lo)
-            last = int(hi) if sep else first
-        except ValueError as err:
-            raise ValueError(f"bad CPU list {text!r}: {part!r} is not N or N-M") from err
-        if last < first:
-            raise ValueError(f"bad CPU list {text!r}: range {part!r} runs backwards")
-        out.update(range(first, last + 1))
-    return tuple(sorted(out))
-
-
-def format_cpu_list(ids: Iterable[int]) -> str:
-    """The inverse of :func:`parse_cpu_list`: ``[0,1,2,5]`` -> ``0-2,5``."""
-    ordered = sorted(set(ids))
-    parts: list[str] = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
-            j += 1
-        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def check_ids(what: str, ids: Sequence[int]) -> tuple[int, ...]:
