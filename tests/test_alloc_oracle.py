@@ -139,3 +139,50 @@ def test_optimal_with_current(inst, data):
     earlier = allocate(m, earlier_tasks, solver="cpsat")
     assume(earlier.status != "infeasible")
     check_against_oracle(m, tasks, unavailable, view, earlier.as_mapping())
+
+
+@st.composite
+def medium_instances(draw):
+    """Machines of up to 48 PUs, too large for the exhaustive oracle, with many
+    shareable tasks and polluters: where the relaxation's pool cuts
+    (bounds._pool_cover_cuts) act.  The count model's proven optimum is the
+    reference there."""
+    shape = Shape(
+        name="medium",
+        packages=draw(st.integers(1, 2)),
+        dies_per_package=draw(st.integers(1, 3)),
+        cores_per_die=draw(st.integers(1, 4)),
+        threads_per_core=draw(st.integers(1, 2)),
+        node_per_die=draw(st.booleans()),
+        node_memory_bytes=draw(st.sampled_from([2, 4, 64])) * GIB,
+        l3_bytes_per_die=draw(st.sampled_from([None, 8 << 20, 8 << 20])),
+    )
+    view = build_view(build(shape))
+    n = len(view.cpus)
+    tasks = []
+    for i in range(draw(st.integers(3, 7))):
+        lo = draw(st.integers(1, max(1, n // 4)))
+        tasks.append(TaskSpec(
+            name=f"t{i}", min_cores=lo,
+            max_cores=draw(st.sampled_from([None, None, lo, lo + n // 4, lo + n // 2])),
+            working_set_bytes=draw(st.sampled_from([0, 0, GIB // 2, GIB])),
+            sensitive=frozenset(draw(st.sets(st.sampled_from(["numa", "cache"])))),
+            exclusive=draw(st.sampled_from([True, False, False])),
+            priority=draw(st.integers(0, 1)),
+            pollutes_cache=draw(st.sampled_from([False, False, True])),
+            allow_smt_sharing=draw(st.booleans()),
+        ))
+    return view, tasks
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(medium_instances())
+def test_relaxed_bound_is_valid_on_medium_machines(inst):
+    view, tasks = inst
+    sol = solve_counts(view, tasks, {}, 5.0, workers=2)
+    assume(sol.status == "optimal")
+    alloc = map_counts(view, tasks, {}, sol.counts, sol.cores)
+    assert violations(view, tasks, alloc) == []
+    rb = relaxed_bound(view, tasks, {}, 5.0)
+    assert isinstance(rb, RelaxedBound), rb
+    assert rb.objective >= objective(view, tasks, alloc, {}), (rb, tasks)

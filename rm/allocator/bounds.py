@@ -7,7 +7,9 @@ Two kinds:
   Table 4 scenario).
 * :func:`relaxed_bound`: the class-free relaxation of :mod:`.cpsat` solved
   lexicographically: O2 per level, then O3 (each sensitive task spans at least
-  the fewest nodes / domains whose capacities for it hold its total), then O4
+  the fewest nodes / domains whose capacities for it hold its total, and a
+  shareable one every domain of the shared pool it cannot do without:
+  :func:`_pool_cover_cuts`), then O4
   (CPUs of the current allocation beyond the task's total must move).  A few
   milliseconds; tight on the machines we measured (see docs/design-allocator.md).
 
@@ -132,7 +134,7 @@ def relaxed_bound(
     deadline = time.perf_counter() + time_limit_s
     if any(t.min_cores > effective_max(t, view) for t in tasks):
         return None  # more than the machine has
-    m, X = relaxation(view, tasks)
+    m, X, pool = relaxation(view, tasks)
     levels = priority_levels(tasks)
     sums = [sum(X[t.name] for t in tasks if t.priority == p) for p in levels]
     caps = [sum(effective_max(t, view) for t in tasks if t.priority == p) for p in levels]
@@ -154,6 +156,7 @@ def relaxed_bound(
     # O3: per sensitive task, nodes / domains spanned >= fewest holding X_t.
     tcaps = task_caps(view, tasks)
     spread_terms: list[cp_model.LinearExprT] = []
+    span: dict[tuple[str, str], cp_model.LinearExprT] = {}  # (task, "numa"/"cache") -> D_t, or 1
     const = 0
     for t in tasks:
         for key, sizes in (("numa", tcaps[t.name][1]), ("cache", tcaps[t.name][2])):
@@ -162,6 +165,7 @@ def relaxed_bound(
             hi = effective_max(t, view)
             if not sizes or sizes[0] >= hi:
                 const += 1
+                span[t.name, key] = 1
                 continue
             prefix = [0]
             for s in sizes:
@@ -176,6 +180,9 @@ def relaxed_bound(
                 if k == 0 or size != sizes[k - 1]:
                     m.add(X[t.name] <= prefix[k] + size * (d - k))
             spread_terms.append(d)
+            span[t.name, key] = d
+    if pool is not None:
+        _pool_cover_cuts(view, tasks, m, X, pool, span)
     for name, v in hint.items():
         m.add_hint(X[name], v)
     spread_lb = const
@@ -217,6 +224,58 @@ def relaxed_bound(
         return RelaxedBound(u, spread_lb, gone, totals)
     return RelaxedBound(u, spread_lb, gone + math.ceil(solver.best_objective_bound - 1e-6),
                         {name: int(solver.value(v)) for name, v in X.items()})
+
+
+def _pool_cover_cuts(view: View, tasks: Sequence[TaskSpec], m: cp_model.CpModel,
+                     X: Mapping[str, cp_model.IntVar], pool: cp_model.IntVar,
+                     span: Mapping[tuple[str, str], cp_model.LinearExprT]) -> None:
+    """A shareable task spans every domain (node) of the shared pool but those
+    whose pool PUs it can do without: D_t >= N - (P - X_t), N = domains (nodes)
+    holding pool PUs, each at least one.  N is at least the sum of what the
+    C5-disjoint groups of shareable tasks span: clean (cache-sensitive), polluted
+    (polluters) and each isolated task (both).  Found on the 128-task bench mix:
+    a numa-sensitive task as large as the pool must also cover the polluters'
+    pool domain, which the per-task bound (X_t over the largest nodes) missed.
+
+    Nodes count like domains only when every node lies in one L3 domain (then
+    domains of different groups never share a node)."""
+    shared = [t for t in tasks if not t.exclusive]
+    groups: dict[str, list[TaskSpec]] = {}
+    for t in shared:
+        if t.pollutes_cache and "cache" in t.sensitive:
+            groups[t.name] = [t]
+        elif t.pollutes_cache:
+            groups.setdefault("polluted", []).append(t)
+        elif "cache" in t.sensitive:
+            groups.setdefault("clean", []).append(t)
+    if not groups or not any((t.name, k) in span and not isinstance(span[t.name, k], int)
+                             for t in shared for k in ("numa", "cache")):
+        return
+    node_domains: dict[int, set[int]] = {}
+    for g in view.classes:
+        node_domains.setdefault(g.node, set()).add(g.domain)
+    levels = {"cache": view.n_domains}
+    if all(len(ds) == 1 for ds in node_domains.values()):
+        levels["numa"] = len(node_domains)
+    for key, n_units in levels.items():
+        parts = []
+        for label, group in groups.items():
+            # every task of the group spans at least one unit, its own D when it has one
+            n = m.new_int_var(1, n_units, f"N{key}_{label}")
+            for t in group:
+                for k in ("cache", "numa"):
+                    # a task's domains are distinct units of either kind when
+                    # nodes lie in one domain; nodes of one task are units for "numa"
+                    if (t.name, k) in span and (k == "cache" or key == "numa"):
+                        m.add(n >= span[t.name, k])
+            parts.append(n)
+        covered = sum(parts)
+        m.add(covered <= n_units)
+        for t in shared:
+            d = span.get((t.name, key))
+            if d is None or isinstance(d, int):
+                continue
+            m.add(d >= covered - (pool - X[t.name]))
 
 
 def _solver(seconds: float) -> cp_model.CpSolver:

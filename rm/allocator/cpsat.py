@@ -337,8 +337,11 @@ def _weights(bounds: list[int]) -> list[int] | None:
     return weights
 
 
-def relaxation(view: View, tasks: Sequence[TaskSpec]) -> tuple[cp_model.CpModel, dict[str, cp_model.IntVar]]:
-    """The class-free relaxation of :func:`relaxed_levels`: the model and X per task."""
+def relaxation(
+    view: View, tasks: Sequence[TaskSpec]
+) -> tuple[cp_model.CpModel, dict[str, cp_model.IntVar], cp_model.IntVar | None]:
+    """The class-free relaxation of :func:`relaxed_levels`: the model, X per
+    task and the shared pool's size P (None without shareable tasks)."""
     k = math.gcd(*(g.threads for g in view.classes)) if view.classes else 1
     m = cp_model.CpModel()
     X = {t.name: m.new_int_var(t.min_cores, effective_max(t, view), f"X{t.name}") for t in tasks}
@@ -346,6 +349,7 @@ def relaxation(view: View, tasks: Sequence[TaskSpec]) -> tuple[cp_model.CpModel,
     load = []
     usage: dict[str, cp_model.LinearExprT] = {}  # PUs a task keeps from others
     shared = [t for t in tasks if not t.exclusive]
+    pool = None
     if shared:
         pool = m.new_int_var(0, total, "P")
         for t in shared:
@@ -415,7 +419,7 @@ def relaxation(view: View, tasks: Sequence[TaskSpec]) -> tuple[cp_model.CpModel,
         if unit:
             budget = sum(view.node_free.values()) // unit
             m.add(sum(t.working_set_bytes // unit * X[t.name] for t in tasks) <= budget)
-    return m, X
+    return m, X, pool
 
 
 def relaxed_levels(
@@ -433,7 +437,7 @@ def relaxed_levels(
     infeasible, so the real problem is too.  Tiny model: one variable per task.
     """
     levels = priority_levels(tasks)
-    m, X = relaxation(view, tasks)
+    m, X, _ = relaxation(view, tasks)
     sums = [sum(X[t.name] for t in tasks if t.priority == p) for p in levels]
     for e, v in zip(sums, fixed):
         m.add(e == v)
