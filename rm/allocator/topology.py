@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
+from cod.facts.cpulist import format_cpulist
 from cod.facts.model import Machine
 
 NO_NODE = -1  # CPUs whose NUMA node is unknown
@@ -91,7 +92,7 @@ def _build_view(machine: Machine, busy: frozenset[int]) -> View:
     for c in cpus:
         if c in l3_of:
             key: tuple = ("l3", l3_of[c][0])
-            labels[key] = f"L3 {_ranges(l3_of[c])}"
+            labels[key] = f"L3 {format_cpulist(l3_of[c])}"
         elif node_of[c] != NO_NODE:
             key = ("node", node_of[c])
             labels[key] = f"node {node_of[c]}"
@@ -138,17 +139,3 @@ def _build_view(machine: Machine, busy: frozenset[int]) -> View:
         node_free=node_free,
         classes=classes,
     )
-
-
-def _ranges(cpus: Iterable[int]) -> str:
-    """0,1,2,3,7 -> '0-3,7' (the cpulist format of sysfs)."""
-    out: list[str] = []
-    xs = sorted(cpus)
-    i = 0
-    while i < len(xs):
-        j = i
-        while j + 1 < len(xs) and xs[j + 1] == xs[j] + 1:
-            j += 1
-        out.append(str(xs[i]) if i == j else f"{xs[i]}-{xs[j]}")
-        i = j + 1
-    return ",".join(out)
