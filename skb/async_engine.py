@@ -292,15 +292,7 @@ class AsyncSKB:
         timeout_s: float | None = None,
         max_solutions: int = 10_000,
     ) -> dict[str, Any]:
-        timeout = timeout_s if timeout_s is not None else self.config.query_timeout_s
-        op = codec.query(
-            app,
-            goal,
-            all_solutions=all_solutions,
-            max_solutions=max_solutions,
-            timeout_s=timeout,
-            inference_limit=self.config.inference_limit,
-        )
+        op, timeout = self.config.query_op(app, goal, all_solutions, timeout_s, max_solutions)
         return dict(await self._run(op, timeout))
 
     async def execute_query(

@@ -66,6 +66,21 @@ class EngineConfig:
     library_dir: Path | None = None
     swipl: str = field(default_factory=lambda: shutil.which("swipl") or "swipl")
 
+    def query_op(
+        self, app: str, goal: str, all_solutions: bool, timeout_s: float | None, max_solutions: int
+    ) -> tuple[Op, float]:
+        """The engine operation for a query, and the time limit it runs under."""
+        timeout = timeout_s if timeout_s is not None else self.query_timeout_s
+        op = codec.query(
+            app,
+            goal,
+            all_solutions=all_solutions,
+            max_solutions=max_solutions,
+            timeout_s=timeout,
+            inference_limit=self.inference_limit,
+        )
+        return op, timeout
+
     def command(self) -> list[str]:
         return [
             self.swipl,
@@ -331,15 +346,7 @@ class SKB:
         max_solutions: int = 10_000,
     ) -> dict[str, Any]:
         """The full answer: ``solutions``, ``truncated``, ``elapsed_us`` (engine time)."""
-        timeout = timeout_s if timeout_s is not None else self.config.query_timeout_s
-        op = codec.query(
-            app,
-            goal,
-            all_solutions=all_solutions,
-            max_solutions=max_solutions,
-            timeout_s=timeout,
-            inference_limit=self.config.inference_limit,
-        )
+        op, timeout = self.config.query_op(app, goal, all_solutions, timeout_s, max_solutions)
         return dict(self._run(op, timeout))
 
     def execute_query(
