@@ -129,7 +129,7 @@ def relaxed_bound(
     infeasible; "unknown" when O2 was not proven within the time limit.
     O3 and O4 get what O2 left of the time limit; unproven, they keep the
     solver's bound (still valid) or the trivial one."""
-    from .cpsat import relaxation  # the model is defined once, next to the full one
+    from .cpsat import lexicographic_weights, relaxation  # defined once, next to the full model
 
     deadline = time.perf_counter() + time_limit_s
     if any(t.min_cores > effective_max(t, view) for t in tasks):
@@ -138,7 +138,7 @@ def relaxed_bound(
     levels = priority_levels(tasks)
     sums = [sum(X[t.name] for t in tasks if t.priority == p) for p in levels]
     caps = [sum(effective_max(t, view) for t in tasks if t.priority == p) for p in levels]
-    weights = _weights(caps)
+    weights = lexicographic_weights(caps)
     if weights is None:
         return "unknown"
     solver = _solver(time_limit_s)
@@ -286,15 +286,3 @@ def _solver(seconds: float) -> cp_model.CpSolver:
     solver.parameters.symmetry_level = 0
     solver.parameters.cp_model_probing_level = 0
     return solver
-
-
-def _weights(bounds: list[int]) -> list[int] | None:
-    """Weights making a weighted sum of terms in [0, bound] lexicographic, or
-    None if they exceed 62 bits."""
-    weights = [1]
-    for ub in reversed(bounds[1:]):
-        weights.append(weights[-1] * (ub + 1))
-    weights.reverse()
-    if weights[0] * (bounds[0] + 1) >= 1 << 62:
-        return None
-    return weights

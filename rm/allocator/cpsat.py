@@ -326,7 +326,7 @@ def _cores(solver: cp_model.CpSolver, c: dict[tuple[str, int], cp_model.IntVar])
     return out
 
 
-def _weights(bounds: list[int]) -> list[int] | None:
+def lexicographic_weights(bounds: list[int]) -> list[int] | None:
     """Weights making a weighted sum lexicographic, or None if they exceed 62 bits."""
     weights = [1]
     for ub in reversed(bounds[1:]):
@@ -445,7 +445,7 @@ def relaxed_levels(
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = workers
     solver.parameters.max_time_in_seconds = max(0.001, time_limit_s)
-    weights = _weights(caps + [0])
+    weights = lexicographic_weights(caps + [0])
     if weights is not None:
         m.maximize(sum(w * e for e, w in zip(sums, weights)))
     st = solver.solve(m)

@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 from ortools.sat.python import cp_model
 
 from .check import effective_max, priority_levels
-from .cpsat import _weights, is_e1
+from .cpsat import is_e1, lexicographic_weights
 from .model import TaskSpec
 from .topology import View
 
@@ -103,7 +103,7 @@ def solve_naive(
     terms.append((-sum(spread) if spread else 0, len(spread)))
     kept = [b[t.name, c] for t in tasks for c in current.get(t.name, ()) if (t.name, c) in b]
     terms.append((sum(kept) if kept else 0, len(kept)))
-    weights = _weights([ub for _, ub in terms])
+    weights = lexicographic_weights([ub for _, ub in terms])
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = workers
     solver.parameters.max_time_in_seconds = time_limit_s
