@@ -196,7 +196,9 @@ class Monitor:
             log.debug("pinning new thread %d of %s: %s", ev.pid, name, err)
 
     def _exited(self, ev: ProcEvent, owners: dict[int, Task]) -> None:
-        self.children.pop(ev.pid, None)
+        forked_by = self.children.pop(ev.pid, None)
+        if forked_by is not None:
+            self.enforcer.forget_pid(forked_by, ev.pid)  # its record of what to restore
         task = owners.get(ev.pid)
         if task is not None:
             owners.pop(ev.pid, None)

@@ -382,3 +382,39 @@ def test_per_pid_hook_for_the_rm(state_dir, spawn):
         assert set(thread_masks(b.pid).values()) == {str(CPUS[1])}
         hook.release("db", b.pid)
         assert thread_masks(b.pid) == before[b.pid] and enf.tasks() == {}
+
+
+FORKER = textwrap.dedent("""
+    import subprocess, sys
+    sys.stdin.readline()
+    child = subprocess.Popen(["sleep", "60"])
+    print(child.pid, flush=True)
+    sys.stdin.readline()
+    child.kill()
+""")
+
+
+@two_cpus
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_children_forked_after_pinning_are_freed_on_release(kind: str, state_dir: str) -> None:
+    parent = subprocess.Popen([sys.executable, "-c", FORKER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    enf = make(kind, state_dir)
+    try:
+        original = cpus_allowed(parent.pid)
+        enf.apply("forker", [parent.pid], [CPUS[1]], [0])
+        parent.stdin.write("fork\n")
+        parent.stdin.flush()
+        child = int(parent.stdout.readline())
+        assert cpus_allowed(child) == (CPUS[1],)  # inherited from the pinned parent
+        assert enf.add_thread("forker", child)  # what the RM does on the fork event
+        recorded = json.load(open(os.path.join(state_dir, "enforce-state.json")))
+        assert str(child) in recorded["tasks"]["forker"]["children"]
+        enf.release("forker")
+        assert cpus_allowed(child) == original
+        assert cpus_allowed(parent.pid) == original
+    finally:
+        enf.close()
+        parent.stdin.write("done\n")
+        parent.stdin.flush()
+        parent.wait(10)

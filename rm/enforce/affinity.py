@@ -198,7 +198,28 @@ class RecordingEnforcer:
         """Pin a thread (or child) that appeared in ``task`` after apply(); False if gone."""
         if task not in self.cpus:
             raise EnforceError(f"task {task!r} has not been applied")
-        return self._add_thread(task, tid)
+        pinned = self._add_thread(task, tid)
+        if pinned:
+            self._record_child(task, tid)
+        return pinned
+
+    def _record_child(self, task: str, pid: int) -> None:
+        """A new process (not a thread) of ``task``: remember what to give it back.
+
+        It was forked with the task's CPUs; its original is that of the task's
+        process, so that releasing the task frees its children too."""
+        rec = self.state.tasks.get(task)
+        if rec is None or not rec.procs or pid in rec.procs or pid in rec.children:
+            return
+        try:
+            if int(procfs.status_field(pid, "Tgid", proc=self.proc)) != pid:
+                return  # a thread: restored with its process
+            start = procfs.read_stat(pid, proc=self.proc).start_time
+        except (OSError, KeyError, ValueError):
+            return  # already gone
+        parent = next(iter(rec.procs.values()))
+        rec.children[pid] = ProcRecord(start=start, affinity=parent.affinity, cpuset=parent.cpuset)
+        self.state.save()
 
     def _add_thread(self, task: str, tid: int) -> bool:
         return set_thread_affinity(tid, self.cpus[task], self.proc)
@@ -206,7 +227,7 @@ class RecordingEnforcer:
     def forget_pid(self, task: str, pid: int) -> None:
         """An exit event: drop ``pid``'s record without touching anything."""
         rec = self.state.tasks.get(task)
-        if rec is not None and rec.procs.pop(pid, None) is not None:
+        if rec is not None and (rec.procs.pop(pid, None) or rec.children.pop(pid, None)) is not None:
             self.state.save()
 
     def release(self, task: str) -> None:
@@ -216,7 +237,7 @@ class RecordingEnforcer:
         self.mems.pop(task, None)
         if rec is None:
             return
-        for pid, prec in rec.procs.items():
+        for pid, prec in [*rec.procs.items(), *rec.children.items()]:
             self._restore_proc(pid, prec)
         self._remove_task_cgroup(task, rec)
         self.state.save()
@@ -228,7 +249,7 @@ class RecordingEnforcer:
         """Undo what a previous (crashed) owner of the state directory left; says what it did."""
         done: list[str] = []
         for task, rec in sorted(self.state.stale.items()):
-            for pid, prec in sorted(rec.procs.items()):
+            for pid, prec in sorted([*rec.procs.items(), *rec.children.items()]):
                 if self._restore_proc(pid, prec):
                     done.append(f"restored pid {pid} of task {task} to CPUs {procfs.format_cpu_list(prec.affinity)}")
             done.extend(self._remove_task_cgroup(task, rec))

@@ -15,7 +15,8 @@ Format (JSON, versioned like Kubernetes' checkpoints)::
                       "procs": {PID: {"start": TICKS,
                                       "affinity": [CPU...],          # the process's
                                       "threads": {TID: [CPU...]},    # where a thread differed
-                                      "cpuset": PATH | null}}}}}     # original cgroup
+                                      "cpuset": PATH | null}},       # original cgroup
+                      "children": {PID: <as procs>}}}}              # forked after pinning
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class ProcRecord:
 class TaskRecord:
     cgroup: str | None = None
     procs: dict[int, ProcRecord] = field(default_factory=dict)
+    # Processes the task forked after it was pinned: they inherited its CPUs,
+    # and get the original of the process that forked them back on release.
+    children: dict[int, ProcRecord] = field(default_factory=dict)
 
 
 class StateStore:
@@ -111,6 +115,7 @@ class StateStore:
             tasks[name] = TaskRecord(
                 cgroup=t.get("cgroup"),
                 procs={int(p): ProcRecord.from_json(r) for p, r in t.get("procs", {}).items()},
+                children={int(p): ProcRecord.from_json(r) for p, r in t.get("children", {}).items()},
             )
         return tasks
 
@@ -121,7 +126,11 @@ class StateStore:
         data = {
             "version": VERSION,
             "tasks": {
-                name: {"cgroup": t.cgroup, "procs": {str(p): r.to_json() for p, r in t.procs.items()}}
+                name: {
+                    "cgroup": t.cgroup,
+                    "procs": {str(p): r.to_json() for p, r in t.procs.items()},
+                    "children": {str(p): r.to_json() for p, r in t.children.items()},
+                }
                 for name, t in merged.items()
             },
         }
