@@ -35,7 +35,7 @@ from cod.rm.allocator.packing import pack
 from cod.rm.allocator.solve import ACCEPT_GAP
 from cod.rm.allocator.topology import build_view
 
-HWLOC_DIR = Path("/work/shared/topologies/hwloc")
+HWLOC_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "topologies" / "hwloc"
 if not HWLOC_DIR.is_dir():
     HWLOC_DIR = Path(__file__).resolve().parents[2] / "shared" / "topologies" / "hwloc"
 

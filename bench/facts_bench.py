@@ -21,7 +21,7 @@ from pathlib import Path
 from cod.facts import hwloc_xml, sysfs
 
 TARGET_MS = 50.0
-DEFAULT_DIR = Path("/work/shared/topologies/hwloc")
+DEFAULT_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "topologies" / "hwloc"
 
 
 def measure(fn, runs: int) -> dict[str, float | int | bool]:

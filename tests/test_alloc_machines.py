@@ -1,4 +1,4 @@
-"""Table-driven over the real machines of ../shared/topologies/hwloc and the
+"""Table-driven over the real machines of tests/data/topologies/hwloc (hwloc's exports) and the
 paper's reference machines: every allocation satisfies C1-C6, and recomputing
 with one task removed or added moves no core of an unaffected task."""
 
@@ -13,10 +13,8 @@ from cod.facts.synthetic import GIB
 from cod.rm.allocator import TaskSpec, allocate
 from cod.rm.allocator.check import moves, objective, violations
 from cod.rm.allocator.topology import build_view
+from helpers.data import HWLOC_DIR
 
-HWLOC_DIR = Path(__file__).resolve().parents[2] / "shared" / "topologies" / "hwloc"
-if not HWLOC_DIR.is_dir():
-    HWLOC_DIR = Path("/work/shared/topologies/hwloc")
 HWLOC_FILES = sorted(HWLOC_DIR.glob("*.xml"))
 
 

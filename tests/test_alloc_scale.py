@@ -1,5 +1,5 @@
 """The allocator at the scale of issue #5: the largest real machine of
-../shared/topologies (384 threads, 24 L3/NUMA domains) and a synthetic
+tests/data/topologies (384 threads, 24 L3/NUMA domains) and a synthetic
 2-socket 192-core/384-thread machine with 8 NUMA nodes, with the benchmark's
 seeded task mixes.  Every answer is valid and never above the relaxation's
 bound; what the bound proves (status, gap) is consistent with the objective."""
@@ -18,11 +18,9 @@ from cod.rm.allocator.bounds import RelaxedBound, relaxed_bound
 from cod.rm.allocator.check import objective, violations
 from cod.rm.allocator.solve import lexicographic_gap
 from cod.rm.allocator.topology import build_view
+from helpers.data import HWLOC_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
-HWLOC_DIR = ROOT.parent / "shared" / "topologies" / "hwloc"
-if not HWLOC_DIR.is_dir():
-    HWLOC_DIR = Path("/work/shared/topologies/hwloc")
 
 
 def _bench():

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from cod.facts import machines, text
+from helpers.data import HWLOC_DIR
 
 COD = Path(sys.executable).with_name("cod")
-HWLOC_DIR = Path("/work/shared/topologies/hwloc")
 
 
 def cod(*args: str) -> subprocess.CompletedProcess[str]:
@@ -39,7 +39,6 @@ def test_prolog_of_a_reference_machine(name):
     assert out.stdout.startswith("machine_name(")
 
 
-@pytest.mark.skipif(not HWLOC_DIR.is_dir(), reason="shared topologies not present")
 def test_text_of_an_hwloc_file():
     out = cod("--hwloc", str(HWLOC_DIR / "64amd64-4p2n4ca2co.xml"))
     assert out.returncode == 0, out.stderr
@@ -85,7 +84,6 @@ def test_text_nests_by_containment(name, outer, inner):
     assert j == i + 1 and indent(lines[j]) > indent(lines[i])
 
 
-@pytest.mark.skipif(not HWLOC_DIR.is_dir(), reason="shared topologies not present")
 def test_text_keeps_equal_nodes_side_by_side():
     # KNL: DRAM node 0 and MCDRAM node 1 cover the same CPUs; neither holds the other.
     from cod.facts import hwloc_xml

@@ -13,8 +13,8 @@ import pytest
 from cod.facts import hwloc_xml, machines
 from cod.facts.model import Machine
 from cod.facts.prolog import atom, to_prolog
+from helpers.data import HWLOC_DIR
 
-HWLOC_DIR = Path("/work/shared/topologies/hwloc")
 
 # name -> arity: the schema the SKB loads (see cod.facts.prolog).
 SCHEMA = {

@@ -1,9 +1,9 @@
 """Our picture of real machines must agree with hwloc's.
 
-* every sysfs snapshot in ../shared/topologies/linux-sysfs/ is unpacked and
+* every sysfs snapshot in tests/data/topologies/linux-sysfs/ is unpacked and
   discovered; the expected picture is parsed from hwloc's own ``lstopo -v``
   output stored beside it (NAME.output);
-* every XML in ../shared/topologies/hwloc/ is imported; the expected picture
+* every XML in tests/data/topologies/hwloc/ is imported; the expected picture
   comes from running hwloc's tools on the same file now (``lstopo-no-graphics
   --input FILE -v`` for the tree, ``hwloc-info --input FILE numa:all`` for
   exact node memory).  A file dropped into the folder is tested too.
@@ -25,12 +25,10 @@ import pytest
 
 from cod.facts import hwloc_xml, sysfs
 from cod.facts.model import Machine
+from helpers.data import HWLOC_DIR, SYSFS_DIR
 
-TOPOLOGIES = Path(__file__).resolve().parents[2] / "shared" / "topologies"
-if not TOPOLOGIES.is_dir():  # the work tree may live elsewhere than /work/main
-    TOPOLOGIES = Path("/work/shared/topologies")
-SNAPSHOTS = sorted((TOPOLOGIES / "linux-sysfs").glob("*.tar.bz2"))
-XML_FILES = sorted((TOPOLOGIES / "hwloc").glob("*.xml"))
+SNAPSHOTS = sorted(SYSFS_DIR.glob("*.tar.bz2"))
+XML_FILES = sorted(HWLOC_DIR.glob("*.xml"))
 HAVE_HWLOC = shutil.which("lstopo-no-graphics") is not None and shutil.which("hwloc-info")
 
 
@@ -192,7 +190,7 @@ def unpacked(tmp_path_factory) -> dict[str, Path]:
 
 
 def test_snapshots_are_present():
-    assert SNAPSHOTS, f"no sysfs snapshots under {TOPOLOGIES}"
+    assert SNAPSHOTS, f"no sysfs snapshots under {SYSFS_DIR}"
 
 
 @pytest.mark.parametrize("tarball", SNAPSHOTS, ids=lambda p: p.name.removesuffix(".tar.bz2"))
@@ -214,7 +212,7 @@ def _hwloc_tool(*args: str) -> str:
 
 
 def test_xml_folder_is_present():
-    assert XML_FILES, f"no hwloc XML files under {TOPOLOGIES}"
+    assert XML_FILES, f"no hwloc XML files under {HWLOC_DIR}"
 
 
 @pytest.mark.skipif(not HAVE_HWLOC, reason="hwloc tools (Debian package hwloc) not installed")
@@ -236,7 +234,7 @@ def test_hwloc_xml_matches_hwloc_tools(path: Path):
 
 
 def test_v1_and_v2_exports_of_one_machine_agree():
-    v1 = hwloc_xml.load(TOPOLOGIES / "hwloc" / "16amd64-4distances.v1.xml")
-    v2 = hwloc_xml.load(TOPOLOGIES / "hwloc" / "16amd64-4distances.xml")
+    v1 = hwloc_xml.load(HWLOC_DIR / "16amd64-4distances.v1.xml")
+    v2 = hwloc_xml.load(HWLOC_DIR / "16amd64-4distances.xml")
     for attr in ("packages", "numa_nodes", "caches", "cores", "pus", "total_memory_bytes"):
         assert getattr(v1, attr) == getattr(v2, attr), attr

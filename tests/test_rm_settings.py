@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.data import HWLOC_DIR
 from test_rm_support import RawConn, start_daemon
 
-TOPOLOGIES = Path("/work/shared/topologies/hwloc")
+TOPOLOGIES = HWLOC_DIR
 
 
 def test_config_file_sets_the_socket_mode_group_and_machine(tmp_path):
