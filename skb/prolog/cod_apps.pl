@@ -19,7 +19,7 @@
 :- use_module(library(lists)).
 :- use_module(library(apply)).
 :- use_module(library(aggregate)).
-:- use_module(library(time)).
+:- use_module(cod_limits).
 :- use_module(cod_sys).
 
 /** <module> Application namespaces of the COD SKB
@@ -80,11 +80,21 @@ app_name_code(0'_).
 create_app_module(M) :-
     add_import_module(M, cod_sys, end),
     forall(library_module(L), add_import_module(M, L, end)),
+    forall(app_library(L), @(use_module(library(L)), M)),
     add_import_module(M, system, end),
     (   import_module(M, user)
     ->  delete_import_module(M, user)
     ;   true
     ).
+
+%   The libraries of SWI-Prolog whose exports every application sees.
+%   Nothing is autoloaded for applications (the server turns autoloading
+%   off once it has started): what they may call is exactly this, the
+%   system predicates, cod_sys and the SKB's stored procedures.
+app_library(lists).
+app_library(apply).
+app_library(aggregate).
+app_library(pairs).
 
 %!  register_library(+Module) is det.
 %
@@ -200,6 +210,14 @@ check_fact(_, (H-->B)) :- !,
     domain_error(fact, (H-->B)).
 check_fact(_, (:-D)) :- !,
     permission_error(execute, directive, D).
+check_fact(_, Fact) :-
+    \+ ground(Fact), !,
+    domain_error(ground_fact, Fact).
+check_fact(_, Fact) :-
+    compound(Fact),
+    compound_name_arity(Fact, Name, Arity),
+    operator_functor(Name, Arity), !,
+    domain_error(operator_fact, Fact).
 check_fact(_, _).
 
 add_fact(M, Fact, N0, N) :-
@@ -372,6 +390,16 @@ check_head(M, H) :-
     ->  permission_error(modify, static_procedure, From:Name/Arity)
     ;   true
     ).
+
+%   operator_functor(+Name, +Arity): a term Name/Arity is what the reader
+%   builds from an operator (db-rtime(3000) is -(db, rtime(3000))): never
+%   the name a user means for a fact.
+operator_functor(Name, 2) :-
+    current_op(_, Type, Name),
+    memberchk(Type, [xfx, xfy, yfx]), !.
+operator_functor(Name, 1) :-
+    current_op(_, Type, Name),
+    memberchk(Type, [fy, fx, xf, yf]), !.
 
 control_construct(',', 2).
 control_construct(';', 2).
@@ -583,14 +611,9 @@ detach_standard_streams(In, Out) :-
     open_null_stream(NullOut),
     set_stream(NullIn, alias(user_input)),
     set_stream(NullOut, alias(user_output)),
+    set_stream(NullOut, alias(user_error)),
     set_input(NullIn),
     set_output(NullOut).
 
 run_limits(Runner, Time, Inf) :-
-    call_with_time_limit(
-        Time,
-        call_with_inference_limit(Runner, Inf, Result)),
-    (   Result == inference_limit_exceeded
-    ->  throw(error(resource_error(inferences), inference_limit(Inf)))
-    ;   true
-    ).
+    run_limited(Runner, Time, Inf).

@@ -9,6 +9,8 @@
 */
 
 :- module(cod_server, [main/0]).
+% First: the deny layer must come before library(sandbox) (see cod_guard.pl).
+:- use_module(cod_guard).
 :- use_module(library(error)).
 :- use_module(library(lists)).
 :- use_module(library(apply)).
@@ -27,11 +29,20 @@
 %
 %   Serve requests until end of file on standard input.
 main :-
+    (   guard_installed
+    ->  true
+    ;   format(user_error, "COD SKB: the sandbox deny layer is not installed first; refusing to start~n", []),
+        halt(2)
+    ),
     set_stream(user_input, encoding(utf8)),
     set_stream(user_output, encoding(utf8)),
     set_stream(user_output, buffer(full)),
     set_prolog_flag(toplevel_prompt, ''),
     detach_standard_streams(In, Out),
+    % Applications see exactly what their namespace imports (cod_apps.pl):
+    % nothing may be autoloaded on their behalf (listing/1, gensym/2 ...).
+    autoload_all,
+    set_prolog_flag(autoload, false),
     write(Out, '{"ready":true}\n'),
     flush_output(Out),
     serve(In, Out).
@@ -166,7 +177,13 @@ check_system_fact(Fact) :-
 load_library_file(File, Module) :-
     must_be(text, File),
     atom_string(FileA, File),
-    load_files(FileA, [must_be_module(true), redefine_module(false)]),
+    % Trusted library code may rely on autoloading: resolve it all now,
+    % while loading, since nothing is autoloaded once queries run.
+    setup_call_cleanup(
+        set_prolog_flag(autoload, true),
+        ( load_files(FileA, [must_be_module(true), redefine_module(false)]),
+          autoload_all ),
+        set_prolog_flag(autoload, false)),
     module_property(Module, file(Path)),
     same_file(Path, FileA),
     !,
@@ -246,6 +263,7 @@ reply_error(Out, Id, E) :-
     flush_output(Out).
 
 %   error_code(+Error, -Code): the stable code clients switch on.
+error_code(cod_limit(time), timeout) :- !.
 error_code(time_limit_exceeded, timeout) :- !.
 error_code(time_limit_exceeded(_), timeout) :- !.
 error_code(error(Formal, Ctx), Code) :-
@@ -255,6 +273,7 @@ error_code(_, engine).
 
 formal_code(syntax_error(_), syntax_error).
 formal_code(permission_error(call, sandboxed, _), unsafe).
+formal_code(permission_error(catch, reserved_exception, _), unsafe).
 formal_code(permission_error(call, module_qualified, _), unsafe).
 formal_code(permission_error(call, database_change, _), unsafe).
 formal_code(permission_error(_, _, _), permission).
@@ -279,6 +298,7 @@ error_data(error(Formal, _), Data) :- !,
     findall(K-V, formal_datum(Formal, K, V), Data).
 error_data(_, []).
 
+formal_datum(permission_error(catch, reserved_exception, _), predicate, "catch/3") :- !.
 formal_datum(permission_error(_, _, Culprit), predicate, S) :-
     culprit_pi(Culprit, S).
 formal_datum(existence_error(procedure, Culprit), predicate, S) :-
@@ -294,6 +314,7 @@ error_datum(_, inference_limit(N), inference_limit, N) :- integer(N).
 ctx_position(text_position(L, C), L, C).
 ctx_position(fact(_, Ctx), L, C) :- ctx_position(Ctx, L, C).
 
+culprit_pi(V, "_") :- var(V), !.
 culprit_pi(M:G, S) :- !,
     culprit_pi(G, S0),
     (   sub_atom(M, 0, _, _, app_) -> S = S0
@@ -314,7 +335,20 @@ error_message(E, Message) :-
 error_message(E, Message) :-
     format(string(Message), '~q', [E]).
 
+message_text(cod_limit(time), "query exceeded its time limit") :- !.
 message_text(time_limit_exceeded, "query exceeded its time limit") :- !.
+message_text(error(permission_error(call, sandboxed, Name/Arity), cod_guard(_)), M) :- !,
+    denied_reason(Name, Arity, Why),
+    format(string(M), 'unsafe goal: calling ~q/~w is not allowed in the sandbox: ~s', [Name, Arity, Why]).
+message_text(error(permission_error(catch, reserved_exception, C), cod_guard(PI)), M) :- !,
+    (   var(C)
+    ->  format(string(M), 'unsafe goal: ~w must name the exceptions it catches (its catcher is unbound, so it would catch the SKB\'s time and inference limits)', [PI])
+    ;   format(string(M), 'unsafe goal: ~w may not catch ~q: the SKB\'s limits throw it', [PI, C])
+    ).
+message_text(error(domain_error(operator_fact, F), _), M) :- !,
+    format(string(M), '~q is read as the operator term ~k, not as a fact: a fact\'s name is one word, such as db_rtime', [F, F]).
+message_text(error(domain_error(ground_fact, F), _), M) :- !,
+    format(string(M), 'a fact must be ground (no variables): ~k; a word starting with a capital letter or _ is a variable in Prolog, quote it (e.g. \'Zurich\')', [F]).
 message_text(time_limit_exceeded(_), "query exceeded its time limit") :- !.
 message_text(error(permission_error(call, sandboxed, G), Ctx), M) :- !,
     culprit_pi(G, PI),

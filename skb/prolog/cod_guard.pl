@@ -1,0 +1,214 @@
+/*  COD SKB: what application code may never call, on top of library(sandbox).
+*/
+
+:- module(cod_guard,
+          [ guard_installed/0,       % is the deny layer ahead of library(sandbox)?
+            reserved_exception/1,    % ?Ball
+            denied_reason/3          % +Name, +Arity, -Reason
+          ]).
+
+/** <module> The deny layer of the COD SKB sandbox
+
+library(sandbox) was written for SWISH, where every query runs in a
+thread of its own that dies afterwards.  The SKB is different: every
+application shares one engine, the engine's own state and the other
+applications' namespaces.  Several of sandbox's white-listed primitives
+are therefore unsafe here, and this module takes them back:
+
+  - reflection (clause/2, predicate_property/2, current_predicate/2,
+    import_module/2 ...): a head built at run time (`G =.. [:, app_b, P]`)
+    reaches another application's namespace, which no static check can see;
+  - loading code (use_module/1 accepts relative paths, resolved against the
+    daemon's working directory: the loaded file's directives would run
+    unsandboxed);
+  - global state (Prolog flags, global variables, operators, stack limits,
+    tables, the recorded database): one application would change another's
+    answers;
+  - database changes: an application changes its facts only through
+    add_facts/remove_facts, where they are counted against its quota;
+  - abort/0, print_message/2, cleanup handlers (they run after the time
+    limit has fired and cannot be interrupted), attributes (they name the
+    module whose hooks run: another application's code on our data).
+
+catch/3 and catch_with_backtrace/3 stay allowed, but their catcher must be
+bound and must not unify with a reserved exception: the SKB's limits
+(cod_limits.pl) throw those, and a query that could catch them could run
+for ever.
+
+How: sandbox asks safe_primitive/1 first for every goal in the call graph
+of a query or procedure body.  This file adds a clause to that multifile
+predicate which *throws* for denied goals, and is loaded before
+library(sandbox), so its clause comes first.  guard_installed/0 checks the
+order at start-up; the server refuses to run without it.
+*/
+
+:- multifile
+    sandbox:safe_primitive/1,
+    user:message_hook/3.
+
+% Must be the first clause of sandbox:safe_primitive/1: written as
+% sandbox:(Head :- Body) because library(sandbox) verifies literal
+% declarations when it loads (and would complain about a variable head,
+% see the message hook below).
+sandbox:(safe_primitive(Goal) :- cod_guard:refuse(Goal)).
+
+% library(sandbox) checks every safe_primitive/1 clause when it loads and
+% reports our variable-headed one as a bad declaration: it is intended.
+user:message_hook(bad_safe_declaration(Goal, _File, _Line), error, _) :-
+    var(Goal).
+
+%!  guard_installed is semidet.
+%
+%   True if the deny layer runs before any of library(sandbox)'s own
+%   white-list entries.
+guard_installed :-
+    clause(sandbox:safe_primitive(G), Body),
+    !,
+    var(G),
+    Body = cod_guard:refuse(G0),
+    G0 == G.
+
+%   refuse(+Goal): throw a permission error if Goal may not be called by
+%   application code; fail otherwise (sandbox goes on with its own rules).
+refuse(Goal) :-
+    var(Goal), !, fail.
+refuse(Goal) :-
+    strip_module(Goal, _, Plain),
+    callable(Plain),
+    functor(Plain, Name, Arity),
+    (   denied_reason(Name, Arity, _)
+    ->  throw(error(permission_error(call, sandboxed, Name/Arity),
+                    cod_guard(Name/Arity)))
+    ;   catch_goal(Name, Arity)
+    ->  arg(2, Plain, Catcher),
+        check_catcher(Name/Arity, Catcher)
+    ).
+
+catch_goal(catch, 3).
+catch_goal(catch_with_backtrace, 3).
+
+check_catcher(PI, Catcher) :-
+    (   var(Catcher)
+    ->  throw(error(permission_error(catch, reserved_exception, Catcher),
+                    cod_guard(PI)))
+    ;   reserved_exception(Ball),
+        \+ Catcher \= Ball
+    ->  throw(error(permission_error(catch, reserved_exception, Catcher),
+                    cod_guard(PI)))
+    ;   fail                        % allowed: sandbox checks the goals
+    ).
+
+%!  reserved_exception(?Ball) is nondet.
+%
+%   Exceptions application code may not catch: the SKB's limits and the
+%   engine's own control.
+reserved_exception(cod_limit(_)).
+reserved_exception(time_limit_exceeded).
+reserved_exception(time_limit_exceeded(_)).
+reserved_exception(inference_limit_exceeded).
+reserved_exception('$aborted').
+reserved_exception(unwind(_)).
+
+%!  denied_reason(?Name, ?Arity, ?Reason) is nondet.
+%
+%   Name/Arity may not be called by application code, because Reason.
+denied_reason(Name, Arity, Reason) :-
+    denied(Name, Arity, Kind),
+    kind_reason(Kind, Reason).
+
+kind_reason(reflection,
+            "it reads predicates and modules, which can reach another application's namespace").
+kind_reason(loading,
+            "applications may not load files; library code is loaded by the SKB itself").
+kind_reason(global,
+            "it changes state the engine and every other application share").
+kind_reason(database,
+            "it changes the clause database; use add_facts/remove_facts").
+kind_reason(control,
+            "it controls the engine itself").
+kind_reason(output,
+            "messages of queries are not written to the daemon's log").
+kind_reason(cleanup,
+            "cleanup handlers run after the time limit and cannot be interrupted").
+kind_reason(attributes,
+            "attribute hooks run code of the module they name").
+
+% reflection
+denied(clause, 2, reflection).
+denied(clause, 3, reflection).
+denied(nth_clause, 3, reflection).
+denied(clause_property, 2, reflection).
+denied(predicate_property, 2, reflection).
+denied(current_predicate, 1, reflection).
+denied(current_predicate, 2, reflection).
+denied(current_module, 1, reflection).
+denied(module_property, 2, reflection).
+denied(import_module, 2, reflection).
+denied(default_module, 2, reflection).
+% loading code
+denied(use_module, 1, loading).
+denied(use_module, 2, loading).
+denied(load_files, 1, loading).
+denied(load_files, 2, loading).
+denied(consult, 1, loading).
+denied(ensure_loaded, 1, loading).
+denied(include, 1, loading).
+denied(autoload, 1, loading).
+denied(autoload, 2, loading).
+% global state
+denied(set_prolog_flag, 2, global).
+denied(create_prolog_flag, 3, global).
+denied(set_prolog_stack, 2, global).
+denied(op, 3, global).
+denied(char_conversion, 2, global).
+denied(b_getval, 2, global).
+denied(b_setval, 2, global).
+denied(nb_getval, 2, global).
+denied(nb_setval, 2, global).
+denied(nb_linkval, 2, global).
+denied(nb_current, 2, global).
+denied(nb_delete, 1, global).
+denied(abolish_all_tables, 0, global).
+denied(abolish_table_subgoals, 1, global).
+denied(current_table, 2, global).
+denied('$wrap_tabled', 2, global).
+denied('$moded_wrap_tabled', 5, global).
+denied(start_tabling, 2, global).
+denied(start_tabling, 4, global).
+denied(tnot, 1, global).
+denied(not_exists, 1, global).
+denied(undo, 1, global).
+% database changes
+denied(assert, 1, database).
+denied(asserta, 1, database).
+denied(assertz, 1, database).
+denied(assert, 2, database).
+denied(asserta, 2, database).
+denied(assertz, 2, database).
+denied(retract, 1, database).
+denied(retractall, 1, database).
+denied(abolish, 1, database).
+denied(abolish, 2, database).
+denied(erase, 1, database).
+denied(recorda, 2, database).
+denied(recorda, 3, database).
+denied(recordz, 2, database).
+denied(recordz, 3, database).
+denied(recorded, 2, database).
+denied(recorded, 3, database).
+denied(flag, 3, database).
+% the engine itself
+denied(abort, 0, control).
+denied(halt, 0, control).
+denied(halt, 1, control).
+% output
+denied(print_message, 2, output).
+denied(print_message_lines, 3, output).
+% cleanup handlers
+denied(call_cleanup, 2, cleanup).
+denied(call_cleanup, 3, cleanup).
+denied(setup_call_cleanup, 3, cleanup).
+denied(setup_call_catcher_cleanup, 4, cleanup).
+% attributes
+denied(put_attr, 3, attributes).
+denied(put_attrs, 2, attributes).
