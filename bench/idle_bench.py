@@ -130,7 +130,7 @@ def daemon_idle(args, spinners) -> dict:
     import socket
     import subprocess
 
-    from cod.rm.framing import FrameDecoder, encode
+    from cod.protocol.framing import FrameDecoder, encode
 
     with tempfile.TemporaryDirectory() as d:
         sock = os.path.join(d, "rm.sock")

@@ -48,7 +48,7 @@ import time
 from pathlib import Path
 
 from cod.rm.enforce.procevents import ConnectorSource
-from cod.rm.framing import FrameDecoder, encode
+from cod.protocol.framing import FrameDecoder, encode
 
 HERE = Path(__file__).resolve().parent
 SPINNER_C = HERE.parent / "tests" / "helpers" / "spinner.c"

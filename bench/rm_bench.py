@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from cod.client import Client
-from cod.rm.framing import FrameDecoder, encode
+from cod.protocol.framing import FrameDecoder, encode
 
 QUERY = "bench_fact(X)"
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from cod.protocol.errors import CodError
+
 
 @dataclass(frozen=True)
 class Package:
@@ -179,5 +181,5 @@ class Machine:
         )
 
 
-class FactsError(Exception):
+class FactsError(CodError):
     """Discovery or import failed; the message names the file and what was wrong."""

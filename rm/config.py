@@ -2,26 +2,21 @@
 
 from __future__ import annotations
 
-import os
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from cod.protocol.errors import CodError
+from cod.protocol.paths import default_socket_path
 
-class ConfigError(Exception):
+# A task's priority lies in this range (higher: its cores up to max_cores come first).
+PRIORITY_MIN = -1000
+PRIORITY_MAX = 1000
+
+
+class ConfigError(CodError):
     """A setting is wrong; the message names the file or flag and the setting."""
-
-
-def default_socket_path() -> str:
-    """`$COD_SOCKET`, else /run/cod/rm.sock for root, else `$XDG_RUNTIME_DIR/cod/rm.sock`."""
-    env = os.environ.get("COD_SOCKET")
-    if env:
-        return env
-    if os.geteuid() == 0:
-        return "/run/cod/rm.sock"
-    runtime = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/cod-{os.geteuid()}"
-    return os.path.join(runtime, "cod", "rm.sock")
 
 
 @dataclass(frozen=True)
@@ -41,6 +36,31 @@ class RMConfig:
     max_inflight_per_connection: int = 32
     max_output_buffer_bytes: int = 8 << 20  # a peer that does not read its upcalls is dropped
     max_buffered_input_bytes: int = 64 << 20  # incomplete frames of all peers together
+    # ---- every client is bounded (docs/design-rm.md, "Threat model") ----
+    hello_timeout_s: float = 5.0         # a connection that has not said hello by then is closed
+    frame_timeout_s: float = 10.0        # once a frame has begun, the rest must arrive within this
+    write_timeout_s: float = 10.0        # a peer that reads nothing of what is sent for this long is closed
+    max_connections_per_uid: int = 64
+    reserved_privileged_connections: int = 64  # of max_connections, only for root and the daemon's user
+    max_subscriptions_per_connection: int = 1024
+    max_batch_calls: int = 256
+    max_tasks_per_uid: int = 256
+    app_max_facts: int = 100_000         # per application ...
+    app_max_fact_bytes: int = 16 << 20   # ... characters of fact text
+    app_max_clauses: int = 10_000
+    app_max_clause_bytes: int = 4 << 20
+    uid_max_facts: int = 200_000         # per uid, over all its applications
+    uid_max_fact_bytes: int = 32 << 20
+    uid_max_clauses: int = 20_000
+    uid_max_clause_bytes: int = 8 << 20
+    unprivileged_max_priority: int = 0   # highest task priority an unprivileged uid may give
+    unprivileged_max_cores: int = 0      # most min_cores over a uid's tasks; 0: all CPUs but one
+    # ---- the SKB server ----
+    direct_channel: bool = True          # offer clients a direct query socket to the SKB
+    skb_memory_limit_bytes: int = 4 << 30  # the engine process as a whole (RLIMIT_AS); it restarts when hit
+    skb_thread_stack_bytes: int = 256 << 20  # stack limit of each engine thread (one query)
+    skb_app_slots: int = 4               # queries of one application running at once
+    skb_max_threads: int = 256
     # ---- enforcement and monitoring (issue #6) ----
     enforce_mode: str = "auto"           # auto (cpuset as root when mounted, else affinity) | affinity | cpuset | none
     state_dir: str | None = None         # records of what was pinned, for crash cleanup; None: /run/cod as root
@@ -52,6 +72,11 @@ class RMConfig:
     busy_threshold: float = 0.5          # cores a process must use ...
     busy_window: int = 3                 # ... over this many consecutive samples to count as a hog
     confine_others: bool | None = None   # put hogs on the cores left over; None: on when root
+    busy_quiet_window: int = 20          # samples a hog must stay quiet before it is forgotten
+    busy_scope: str = "all"              # which processes may be reported and confined: all | uids:0,1000 |
+                                         # cgroup:/path | descendants:PID
+    never_confine: str = "systemd,sshd,init,cod"  # comms (comma separated) never confined
+    recompute_interval_s: float = 0.0    # periodic recomputation; 0: only on changes
     refresh_interval_s: float = 1.0      # live state (load, free memory, task CPU use and pages) into the SKB
     solver: str = "cpsat"                # cpsat (greedy fallback on time limit) | greedy | naive
     solver_time_limit_s: float = 1.0
@@ -67,10 +92,37 @@ class RMConfig:
 
 
 ENFORCE_MODES = ("auto", "affinity", "cpuset", "none")
-SOLVERS = ("cpsat", "greedy", "naive")
+from .allocator.model import SOLVERS  # noqa: E402  (one list of solvers)
 
 
 _TYPES = {f.name: f.type for f in fields(RMConfig)}
+_MAY_BE_ZERO = frozenset({"unprivileged_max_cores", "recompute_interval_s", "unprivileged_max_priority"})
+
+
+def _flag_value(kind: str, text: str) -> Any:
+    """A --set value as the type its setting has (a TOML file gives typed values itself)."""
+    if kind in ("bool", "bool | None") and text.lower() in ("true", "false", "yes", "no", "on", "off"):
+        return text.lower() in ("true", "yes", "on")
+    if kind == "int" and text.lstrip("-").isdigit():
+        return int(text)
+    if kind == "float":
+        try:
+            return float(text)
+        except ValueError:
+            return text
+    return text
+
+
+def parse_assignments(items: list[str] | None) -> dict[str, Any]:
+    """``--set KEY=VALUE`` flags as settings (KEY as in the TOML file)."""
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        name = key.strip().replace("-", "_")
+        if not sep or name not in _TYPES:
+            raise ConfigError(f"--set {item!r}: use KEY=VALUE with KEY one of {', '.join(sorted(_TYPES))}")
+        out[name] = _coerce(name, _flag_value(_TYPES[name], value.strip()), f"--set {key}")
+    return out
 
 
 def _coerce(name: str, value: Any, origin: str) -> Any:
@@ -89,11 +141,13 @@ def _coerce(name: str, value: Any, origin: str) -> Any:
             raise ConfigError(f"{origin}: {name} must be true or false")
         return value
     if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, int) or value < (
+                -PRIORITY_MAX if name == "unprivileged_max_priority" else 0 if name in _MAY_BE_ZERO else 1):
             raise ConfigError(f"{origin}: {name} must be a positive integer")
         return value
     if kind == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+                or value == float("inf") or value < 0 or (value == 0 and name not in _MAY_BE_ZERO):
             raise ConfigError(f"{origin}: {name} must be a positive number (seconds)")
         return float(value)
     if name in ("socket_owner", "socket_group") and isinstance(value, int) and not isinstance(value, bool):
@@ -122,9 +176,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return out
 
 
-def build_config(file: str | Path | None = None, **overrides: Any) -> RMConfig:
-    """Defaults, then the TOML file, then the non-None overrides (the command-line flags)."""
+def build_config(file: str | Path | None = None, sets: list[str] | None = None, **overrides: Any) -> RMConfig:
+    """Defaults, then the TOML file, then ``--set KEY=VALUE`` flags, then the non-None overrides
+    (the other command-line flags)."""
     settings: dict[str, Any] = load_toml(file) if file else {}
+    settings.update(parse_assignments(sets))
     for name, value in overrides.items():
         if value is not None:
             settings[name] = _coerce(name, value, f"--{name.replace('_', '-')}")
@@ -137,6 +193,12 @@ def build_config(file: str | Path | None = None, **overrides: Any) -> RMConfig:
         raise ConfigError(f"enforce mode {cfg.enforce_mode!r} is not one of {', '.join(ENFORCE_MODES)}")
     if cfg.solver not in SOLVERS:
         raise ConfigError(f"solver {cfg.solver!r} is not one of {', '.join(SOLVERS)}")
+    from .scope import ProcessScope
+
+    try:
+        ProcessScope.parse(cfg.busy_scope)
+    except ValueError as err:
+        raise ConfigError(f"busy_scope: {err}") from None
     if cfg.enforce_mode == "none":
         cfg = replace(cfg, enforce=False)
     if cfg.planning_only() and cfg.enforce:

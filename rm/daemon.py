@@ -11,18 +11,19 @@ from typing import Any
 
 import uvloop
 
+from cod.protocol.errors import CodError
+from cod.protocol.jsonrpc import SHUTDOWN_EVENT, Request, notification
+
 from .config import RMConfig
-from .enforcement import EnforcementHook, NoEnforcement
 from .handlers import IMMEDIATE, dispatch
-from .jsonrpc import Request, notification
-from .server import Transport
+from .registry import Connection
 from .service import ResourceManager
-from .state import Connection
+from .transport import Transport, apply_socket_permissions
 
 log = logging.getLogger("cod.rm")
 
 
-class StartupError(Exception):
+class StartupError(CodError):
     """The daemon cannot start; the message says why (socket in use, bad machine file, no SKB)."""
 
 
@@ -76,7 +77,6 @@ class Daemon:
         self.root = os.geteuid() == 0 if root is None else root
         self.machine = machine
         self.enforcer = enforcer
-        self.hook: EnforcementHook = NoEnforcement()
         self.monitor: Any = None
         self.rm: ResourceManager | None = None
         self.transport: Transport | None = None
@@ -84,7 +84,7 @@ class Daemon:
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
-        from .server import SocketInUse, claim_socket_path
+        from .transport import SocketInUse, claim_socket_path
 
         try:
             claim_socket_path(self.cfg.socket_path())  # fail fast, before the SKB starts
@@ -101,27 +101,33 @@ class Daemon:
                             self.cfg.events_poll_interval_s)
             if self.enforcer is None:
                 self.enforcer = open_enforcer(self.cfg, root)
-            from .enforce import EnforcerHook
+        from cod.skb import AsyncSKB, EngineConfig
 
-            self.hook = EnforcerHook(self.enforcer)
-        from cod.skb import AsyncSKB
+        from .enforce import NullEnforcer
 
+        enforcer = self.enforcer if self.enforcer is not None else NullEnforcer()
+        direct = f"{self.cfg.socket_path()}.skb" if self.cfg.direct_channel else None
+        engine = EngineConfig(
+            query_timeout_s=self.cfg.query_timeout_s, thread_stack_bytes=self.cfg.skb_thread_stack_bytes,
+            memory_limit_bytes=self.cfg.skb_memory_limit_bytes, app_slots=self.cfg.skb_app_slots,
+            max_threads=self.cfg.skb_max_threads, direct_socket=direct, max_frame_bytes=self.cfg.max_frame_bytes)
         try:
-            self._skb = await AsyncSKB.start(query_timeout_s=self.cfg.query_timeout_s)
+            self._skb = await AsyncSKB.start(engine)
             await self._skb.load_machine(self.machine)
+            if direct is not None:
+                apply_socket_permissions(direct, self.cfg)
         except Exception as err:
             if self._skb is not None:
                 await self._skb.close()
             self._close_enforcer()
             raise StartupError(f"cannot start the SKB: {err}") from None
-        self.rm = ResourceManager(self.cfg, self.machine, self._skb, self.hook)
+        self.rm = ResourceManager(self.cfg, self.machine, self._skb, enforcer, direct_socket=direct)
         rm = self.rm
         if watching:
-            rm.enforce_mode = self.enforcer.name
             from .monitor import Monitor
 
             skb = self._skb
-            self.monitor = Monitor(rm, self.cfg, self.enforcer, self.hook, root=root, skb_pid=lambda: skb.pid)
+            self.monitor = Monitor(rm, self.cfg, enforcer, root=root, skb_pid=lambda: skb.pid)
             self.monitor.start()
 
         async def handle(conn: Connection, req: Request) -> Any:
@@ -133,6 +139,7 @@ class Daemon:
             handle=handle,
             immediate=IMMEDIATE,
             connection_lost=rm.connection_lost,
+            refusal=rm.connection_refusal,
         )
         try:
             await self.transport.start()
@@ -175,12 +182,18 @@ class Daemon:
             await self.rm.close()
         self._close_enforcer()
         if self.transport is not None:
-            await self.transport.close(notification("shutdown", {"event": "shutdown", "reason": reason}))
+            await self.transport.close(notification(SHUTDOWN_EVENT, {"event": SHUTDOWN_EVENT, "reason": reason}))
         if self._skb is not None:
             try:
                 await self._skb.close()
             except Exception as err:
                 log.warning("closing the SKB: %s", err)
+            direct = self._skb.config.direct_socket
+            if direct:
+                try:
+                    os.unlink(direct)
+                except FileNotFoundError:
+                    pass
         log.info("stopped")
 
 

@@ -1,18 +1,22 @@
-"""Protocol dispatch: one function per method, checking params and permissions, then asking the RM.
+"""The protocol's methods: check params and permissions, then ask the ResourceManager.
 
-Each handler takes (rm, conn, params) and returns the JSON `result`, or raises
-RpcError.  The table `METHODS` is the protocol (docs/protocol.md).
+Each handler takes (rm, conn, params) and returns the JSON ``result``, or
+raises RpcError.  Handlers never change state themselves: every change goes
+through a method of :class:`cod.rm.service.ResourceManager`.  The table
+:data:`METHODS` is the protocol (docs/protocol.md); its names are
+:data:`cod.protocol.jsonrpc.METHODS`.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any, Awaitable, Callable
 
-from cod.skb import SKBError
-
-from .allocator.model import TaskSpec, TaskSpecError
-from .jsonrpc import (
+from cod.protocol import jsonrpc as rpc
+from cod.protocol.jsonrpc import (
     ALREADY_EXISTS,
+    EVENTS,
+    FILTER_KEYS,
     HELLO_REQUIRED,
     INVALID_PARAMS,
     METHOD_NOT_FOUND,
@@ -25,10 +29,13 @@ from .jsonrpc import (
     Request,
     RpcError,
 )
-from .service import ResourceManager, skb_rpc_error
-from .state import EVENTS, FILTER_KEYS, NAME_RE, Connection, Task
+from cod.protocol.names import name_problem
 
-SERVER_NAME = "cod-rm/0.1"
+from .allocator.model import TaskSpec, TaskSpecError
+from .registry import Connection, Task
+from .service import ResourceManager
+
+SERVER_NAME = "cod-rm/0.2"
 # Task properties a client may set (TaskSpec's fields other than the name).
 PROPERTY_KEYS = ("min_cores", "max_cores", "working_set_bytes", "bound", "sensitive", "exclusive",
                  "priority", "pollutes_cache", "allow_smt_sharing")
@@ -37,12 +44,11 @@ MAX_QUERY_SOLUTIONS = 10_000
 Handler = Callable[[ResourceManager, Connection, Params], Awaitable[Any]]
 
 
-async def _skb(coro: Awaitable[Any]) -> Any:
-    """Await an SKB call, turning its SKBError into the protocol's error reply."""
-    try:
-        return await coro
-    except SKBError as err:
-        raise skb_rpc_error(err) from None
+def _name(method: str, what: str, value: Any) -> str:
+    problem = name_problem(value)
+    if problem is not None:
+        raise RpcError(INVALID_PARAMS, f"{method}: {what} {value!r} {problem}")
+    return value
 
 
 def _proc_owner(pid: int) -> int:
@@ -52,7 +58,7 @@ def _proc_owner(pid: int) -> int:
             for line in f:
                 if line.startswith("Uid:"):
                     return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError):
+    except (FileNotFoundError, ProcessLookupError, ValueError):
         pass
     raise RpcError(NOT_FOUND, f"no process with pid {pid}")
 
@@ -63,7 +69,7 @@ def _task_for(rm: ResourceManager, conn: Connection, p: Params, *, required: boo
     if name is None:
         mine = sorted(conn.tasks)
         if len(mine) == 1:
-            return rm.state.tasks[mine[0]]
+            return rm.registry.tasks[mine[0]]
         if not required:
             return None
         raise RpcError(
@@ -71,10 +77,10 @@ def _task_for(rm: ResourceManager, conn: Connection, p: Params, *, required: boo
             f"{p.method}: give 'task': this connection has {len(mine)} registered tasks"
             + (f" ({', '.join(mine)})" if mine else ""),
         )
-    task = rm.state.tasks.get(name)
+    task = rm.registry.tasks.get(name)
     if task is None:
         raise RpcError(NOT_FOUND, f"no task named {name!r}")
-    if task.owner_uid != conn.peer.uid and not rm.privileged(conn):
+    if task.owner_uid != conn.peer.uid and not conn.privileged:
         raise RpcError(PERMISSION_DENIED, f"task {name!r} belongs to uid {task.owner_uid}")
     return task
 
@@ -89,6 +95,15 @@ def _spec(name: str, props: dict[str, Any], method: str) -> TaskSpec:
         raise RpcError(INVALID_PARAMS, f"{method}: {err}") from None
 
 
+def _scope_is_system(rm: ResourceManager, conn: Connection, p: Params) -> bool:
+    scope = p.str("scope", "app")
+    if scope not in ("app", "system"):
+        raise RpcError(INVALID_PARAMS, f"{p.method}: scope must be 'app' or 'system', not {scope!r}")
+    if scope == "system" and not conn.privileged:
+        raise RpcError(PERMISSION_DENIED, "only root or the daemon's user may change system-level facts")
+    return scope == "system"
+
+
 # ---- session ------------------------------------------------------------------------------------
 async def hello(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     version = p.int("version")
@@ -98,159 +113,94 @@ async def hello(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     if version != PROTOCOL_VERSION:
         raise RpcError(UNSUPPORTED_VERSION, f"protocol version {version} is not supported; this daemon speaks {PROTOCOL_VERSION}",
                        {"supported": [PROTOCOL_VERSION]})
-    if app is None:
-        app = conn.app or f"pid{conn.peer.pid}"
-    if not NAME_RE.match(app):
-        raise RpcError(INVALID_PARAMS, f"hello: app name {app!r} must match [a-z][a-z0-9_]{{0,63}}")
-    if conn.app is not None and conn.app != app:
-        raise RpcError(INVALID_PARAMS, f"hello: this connection already uses application {conn.app!r}")
-    rm.claim_app(conn, app)
-    conn.hello = True
+    if app is not None:
+        _name("hello", "app name", app)
+    session = await rm.hello(conn, app)
     return {
         "protocol": PROTOCOL_VERSION,
         "server": SERVER_NAME,
-        "app": app,
+        "app": session["app"],
         "machine": rm.machine.name,
         "enforce": rm.cfg.enforce,
         "enforce_mode": rm.enforce_mode,
         "peer": {"pid": conn.peer.pid, "uid": conn.peer.uid, "gid": conn.peer.gid},
-        "privileged": rm.privileged(conn),
-        "epoch": rm.state.epoch,
+        "privileged": conn.privileged,
+        "epoch": rm.epochs.epoch,
         "methods": sorted(METHODS),
-        "events": [e for e in EVENTS if e != "shutdown"],
+        "events": list(EVENTS),
         "max_frame_bytes": rm.cfg.max_frame_bytes,
+        "skb": session["skb"],
     }
 
 
 # ---- facts and procedures -------------------------------------------------------------------
-async def _add_facts(rm: ResourceManager, conn: Connection, facts: list[str], scope: str, persistent: bool) -> int:
-    if scope == "system":
-        if not rm.privileged(conn):
-            raise RpcError(PERMISSION_DENIED, "only root or the daemon's user may change system-level facts")
-        n = await _skb(rm.skb.add_system_facts(facts))
-        rm.facts_changed(conn, "system", "add", facts)
-        rm.schedule("system facts changed")
-        return n
-    assert conn.app is not None
-    n = await _skb(rm.skb.add_facts(conn.app, facts))
-    if persistent:
-        rm.state.persistent.setdefault(conn.app, {"facts": [], "procedures": []})["facts"].extend(facts)
-    else:
-        conn.facts.extend(facts)
-    rm.facts_changed(conn, "app", "add", facts)
-    if conn.tasks:
-        rm.schedule(f"facts of {conn.app} changed")
-    return n
-
-
-def _scope(p: Params) -> str:
-    scope = p.str("scope", "app")
-    if scope not in ("app", "system"):
-        raise RpcError(INVALID_PARAMS, f"{p.method}: scope must be 'app' or 'system', not {scope!r}")
-    return scope
-
-
 async def add_facts(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     facts = p.str_list("facts")
-    scope = _scope(p)
+    system = _scope_is_system(rm, conn, p)
     persistent = p.bool("persistent", False)
     p.done()
     if not facts:
         return {"added": 0}
-    return {"added": await _add_facts(rm, conn, facts, scope, persistent)}
+    return {"added": await rm.add_facts(conn, facts, system=system, persistent=persistent)}
 
 
 async def remove_facts(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     patterns = p.str_list("patterns")
-    scope = _scope(p)
+    system = _scope_is_system(rm, conn, p)
     p.done()
-    removed = 0
-    if scope == "system" and not rm.privileged(conn):
-        raise RpcError(PERMISSION_DENIED, "only root or the daemon's user may change system-level facts")
-    for pattern in patterns:
-        if scope == "system":
-            removed += await _skb(rm.skb.remove_system_facts(pattern))
-        else:
-            assert conn.app is not None
-            removed += await _skb(rm.skb.remove_facts(conn.app, pattern))
-            keep = rm.state.persistent.get(conn.app)
-            if keep and pattern in keep["facts"]:
-                keep["facts"] = [f for f in keep["facts"] if f != pattern]
-    if removed:
-        rm.facts_changed(conn, scope, "remove", patterns)
-        if scope == "system" or conn.tasks:
-            rm.schedule("facts removed")
-    return {"removed": removed}
+    if not patterns:
+        return {"removed": 0}
+    return {"removed": await rm.remove_facts(conn, patterns, system=system)}
 
 
 async def add_procedure(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     text = p.str("text")
     persistent = p.bool("persistent", False)
     p.done()
-    assert conn.app is not None
-    preds = await _skb(rm.skb.add_procedure(conn.app, text))
-    if persistent:
-        rm.state.persistent.setdefault(conn.app, {"facts": [], "procedures": []})["procedures"].append(text)
-    return {"predicates": preds}
+    return {"predicates": await rm.add_procedure(conn, text, persistent=persistent)}
 
 
-async def execute_query(rm: ResourceManager, conn: Connection, p: Params) -> Any:
+def query_params(p: Params, ceiling_s: float) -> tuple[str, bool, int, float]:
     goal = p.str("goal")
     all_solutions = p.bool("all_solutions", True)
     max_solutions = p.int("max_solutions", MAX_QUERY_SOLUTIONS)
-    timeout_s = p.number("timeout_s", rm.cfg.query_timeout_s)
+    timeout_s = p.number("timeout_s", ceiling_s)
     p.done()
-    if max_solutions < 1 or max_solutions > MAX_QUERY_SOLUTIONS:
-        raise RpcError(INVALID_PARAMS, f"execute_query: max_solutions must be 1..{MAX_QUERY_SOLUTIONS}")
-    if timeout_s <= 0:
-        raise RpcError(INVALID_PARAMS, "execute_query: timeout_s must be positive")
-    timeout_s = min(float(timeout_s), rm.cfg.query_timeout_s)
-    assert conn.app is not None
-    solutions = await _skb(rm.skb.execute_query(conn.app, goal, all_solutions=all_solutions,
-                                                timeout_s=timeout_s, max_solutions=max_solutions))
-    return {"solutions": solutions}
+    if not 1 <= max_solutions <= MAX_QUERY_SOLUTIONS:
+        raise RpcError(INVALID_PARAMS, f"{p.method}: max_solutions must be 1..{MAX_QUERY_SOLUTIONS}")
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+        raise RpcError(INVALID_PARAMS, f"{p.method}: timeout_s must be a finite positive number of seconds")
+    return goal, all_solutions, max_solutions, min(float(timeout_s), ceiling_s)
+
+
+async def execute_query(rm: ResourceManager, conn: Connection, p: Params) -> Any:
+    goal, all_solutions, max_solutions, timeout_s = query_params(p, rm.cfg.query_timeout_s)
+    return {"solutions": await rm.execute_query(conn, goal, all_solutions=all_solutions,
+                                                 max_solutions=max_solutions, timeout_s=timeout_s)}
 
 
 # ---- tasks ------------------------------------------------------------------------------------
 async def register_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
-    name = p.str("name")
+    name = _name("register_task", "task name", p.str("name"))
     pid = p.int("pid", conn.peer.pid)
     props = p.dict("properties", {})
     facts = p.str_list("facts", [])
     procedures = p.str_list("procedures", [])
     persistent = p.bool("persistent", False)
     p.done()
-    if not NAME_RE.match(name):
-        raise RpcError(INVALID_PARAMS, f"register_task: task name {name!r} must match [a-z][a-z0-9_]{{0,63}}")
-    if name in rm.state.tasks:
+    if name in rm.registry.tasks:
         raise RpcError(ALREADY_EXISTS, f"a task named {name!r} is already registered")
     spec = _spec(name, props, "register_task")
+    rm.task_refusal(conn, name, spec.to_dict())
     owner = _proc_owner(pid)
-    if owner != conn.peer.uid and not rm.privileged(conn):
+    if owner != conn.peer.uid and not conn.privileged:
         raise RpcError(PERMISSION_DENIED, f"process {pid} belongs to uid {owner}, not to you (uid {conn.peer.uid})")
-    # The application's facts and procedures first, so the task's first allocation can use them.
     assert conn.app is not None
-    for text in procedures:
-        await add_procedure(rm, conn, Params("add_procedure", {"text": text, "persistent": persistent}))
-    if facts:
-        await _add_facts(rm, conn, facts, "app", persistent)
-    task = Task(name=name, pid=pid, app=conn.app, conn_id=conn.id, owner_uid=conn.peer.uid,
-                properties=spec.to_dict(), spec=spec)
-    sub = rm.state.subscribe(conn, "allocation_changed", {"task": name})
-    task.auto_subscription = sub.id
-    if name in rm.state.tasks:  # registered by someone else while we were adding facts
-        rm.state.unsubscribe(conn, sub.id)
-        raise RpcError(ALREADY_EXISTS, f"a task named {name!r} is already registered")
-    conn.tasks.add(name)
-    try:
-        await rm.admit(task)
-    except BaseException:
-        conn.tasks.discard(name)
-        rm.state.unsubscribe(conn, sub.id)
-        rm.state.tasks.pop(name, None)
-        raise
-    return {"task": name, "pid": pid, "app": conn.app, "subscription": sub.id, "properties": spec.to_dict(),
-            "allocation": rm.allocation_of(task)}
+    task = Task(name=name, pid=pid, app=conn.app, conn_id=conn.id, owner_uid=conn.peer.uid, spec=spec,
+                properties=spec.to_dict())
+    await rm.register_task(conn, task, facts, procedures, persistent)
+    return {"task": name, "pid": pid, "app": conn.app, "subscription": task.auto_subscription,
+            "properties": spec.to_dict(), "allocation": rm.allocation_of(task)}
 
 
 async def update_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -261,9 +211,8 @@ async def update_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     merged = {k: v for k, v in task.spec.to_dict().items() if k != "name"}
     merged.update(props)
     spec = _spec(task.name, merged, "update_task")
-    candidate = Task(name=task.name, pid=task.pid, app=task.app, conn_id=task.conn_id,
-                     owner_uid=task.owner_uid, properties=spec.to_dict(), spec=spec)
-    await rm.admit(candidate, replacing=task)
+    rm.task_refusal(conn, task.name, spec.to_dict())
+    await rm.update_task(task, spec, spec.to_dict())
     return {"task": task.name, "properties": spec.to_dict(), "allocation": rm.allocation_of(task)}
 
 
@@ -282,7 +231,7 @@ async def request_allocation(rm: ResourceManager, conn: Connection, p: Params) -
     await rm.wait_for(rm.schedule(f"requested by {task.name}"))
     if rm.closing:
         raise RpcError(SHUTTING_DOWN, "the RM is shutting down")
-    if task.name not in rm.state.tasks:
+    if task.name not in rm.registry.tasks:
         raise RpcError(NOT_FOUND, f"task {task.name!r} left")
     return rm.allocation_of(task)
 
@@ -292,8 +241,8 @@ async def ack_allocation(rm: ResourceManager, conn: Connection, p: Params) -> An
     assert task is not None
     epoch = p.int("epoch")
     p.done()
-    released = await rm.acknowledge(task, epoch)
-    return {"task": task.name, "epoch": rm.state.epoch, "released": released}
+    released = rm.acknowledge(task, epoch)
+    return {"task": task.name, "epoch": rm.epochs.epoch, "released": released}
 
 
 async def get_allocation(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -301,17 +250,18 @@ async def get_allocation(rm: ResourceManager, conn: Connection, p: Params) -> An
     p.done()
     if task is not None:
         return rm.allocation_of(task)
-    return {"epoch": rm.state.epoch, **rm.plan_summary(),
-            "tasks": [rm.allocation_of(t) for _, t in sorted(rm.state.tasks.items())]}
+    return {"epoch": rm.epochs.epoch, **rm.plan_summary(),
+            "tasks": [rm.allocation_of(t) for _, t in sorted(rm.registry.tasks.items())]}
 
 
 async def list_tasks(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
     binding = rm.last_plan.binding if rm.last_plan else {}
-    return {"epoch": rm.state.epoch, "plan": rm.plan_summary(), "tasks": [
+    return {"epoch": rm.epochs.epoch, "plan": rm.plan_summary(), "tasks": [
         {"task": t.name, "pid": t.pid, "app": t.app, "properties": t.properties,
-         "cores": list(t.announced), "epoch": t.announced_epoch, "binding": list(binding.get(t.name, ()))}
-        for _, t in sorted(rm.state.tasks.items())],
+         "cores": list(rm.epochs.announced.get(t.name, ())), "epoch": rm.epochs.announced_epoch.get(t.name, 0),
+         "binding": list(binding.get(t.name, ()))}
+        for _, t in sorted(rm.registry.tasks.items())],
         "other_tasks": [{"pid": o.pid, "comm": o.comm, "cpu": round(o.cpu, 3), "cpus": list(o.cpus)}
                         for _, o in sorted(rm.others.items())]}
 
@@ -331,17 +281,20 @@ async def subscribe(rm: ResourceManager, conn: Connection, p: Params) -> Any:
         ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
         if not ok:
             raise RpcError(INVALID_PARAMS, f"subscribe: filter {key!r} must be a string or a list of strings")
-    sub = rm.state.subscribe(conn, event, filt)
+    if len(conn.subscriptions) >= rm.cfg.max_subscriptions_per_connection:
+        raise RpcError(rpc.QUOTA_EXCEEDED, f"subscribe: this connection has {len(conn.subscriptions)} subscriptions; "
+                                           f"the limit is {rm.cfg.max_subscriptions_per_connection}")
+    sub = rm.registry.subscribe(conn, event, filt)
     return {"subscription": sub.id, "event": event, "filter": filt}
 
 
 async def unsubscribe(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     sid = p.int("subscription")
     p.done()
-    if not rm.state.unsubscribe(conn, sid):
+    if not rm.registry.unsubscribe(conn, sid):
         raise RpcError(NOT_FOUND, f"no subscription {sid} on this connection")
     for name in conn.tasks:
-        task = rm.state.tasks.get(name)
+        task = rm.registry.tasks.get(name)
         if task is not None and task.auto_subscription == sid:
             task.auto_subscription = None
     return {"subscription": sid}
@@ -355,6 +308,9 @@ async def batch(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
     if calls is None:
         raise RpcError(INVALID_PARAMS, "batch: missing parameter 'calls'")
+    # Checked before anything runs: a batch whose reply could not be sent must not have acted.
+    if len(calls) > rm.cfg.max_batch_calls:
+        raise RpcError(INVALID_PARAMS, f"batch: {len(calls)} calls; at most {rm.cfg.max_batch_calls} per batch")
     results: list[dict[str, Any]] = []
     for i, call in enumerate(calls):
         if not isinstance(call, dict) or not isinstance(call.get("method"), str):
@@ -393,6 +349,7 @@ METHODS: dict[str, Handler] = {
     "list_tasks": list_tasks,
     "batch": batch,
 }
+assert set(METHODS) == set(rpc.METHODS), "the protocol's method names and the handlers must agree"
 # Answered as soon as they are read, not behind the connection's earlier requests:
 # an acknowledgement must not wait behind a slow query of the same client.
 IMMEDIATE = frozenset({"ack_allocation"})

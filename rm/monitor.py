@@ -23,14 +23,17 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from cod.protocol.prolog_text import atom
+
 from .config import RMConfig
-from .enforce import EnforceError, Enforcer, EnforcerHook
+from .enforce import EnforceError, Enforcer
 from .enforce.busy import BusyDetector, BusyProcess, confine
 from .enforce.livestate import LiveStateSampler
 from .enforce.procevents import ProcEvent, open_source
-from .prolog_text import atom
-from .service import OtherTask, ResourceManager
-from .state import Task
+from .registry import Task
+from .reservations import OtherTask, other_task_name, printable, reserve_cpus
+from .scope import ProcessScope
+from .service import ResourceManager
 
 log = logging.getLogger("cod.rm")
 
@@ -39,46 +42,18 @@ PAGES_EVERY = 5  # refreshes between two reads of numa_maps (it walks the page t
 LOAD_STEP = 5  # percentage points a load must move before cpu_load/task_cpu_use is rewritten
 
 
-def other_task_name(pid: int) -> str:
-    return f"other.{pid}"
-
-
-def printable(comm: str) -> str:
-    """A process name as it may be shown and stored: control characters replaced."""
-    return "".join(c if c.isprintable() else "?" for c in comm) or "?"
-
-
-def reserve_cpus(hog: BusyProcess, taken: set[int], all_cpus: list[int]) -> tuple[int, ...]:
-    """CPUs to keep free for `hog`: as many as the cores it uses (at least one), starting
-    with the CPU it last ran on, then its other allowed CPUs, avoiding CPUs kept for others."""
-    need = max(1, min(len(all_cpus), round(hog.cpu)))
-    # The CPU it last ran on is a hint only within its affinity (a sleeping main thread
-    # of a pinned process may still show an old CPU).
-    hint = [hog.last_cpu] if hog.last_cpu in hog.cpus else []
-    order = hint + [c for c in hog.cpus if c != hog.last_cpu] + all_cpus
-    picked: list[int] = []
-    for free_only in (True, False):
-        for cpu in order:
-            if len(picked) >= need:
-                break
-            if cpu in all_cpus and cpu not in picked and (not free_only or cpu not in taken):
-                picked.append(cpu)
-    return tuple(sorted(picked))
-
-
 class Monitor:
-    def __init__(self, rm: ResourceManager, cfg: RMConfig, enforcer: Enforcer, hook: EnforcerHook,
+    def __init__(self, rm: ResourceManager, cfg: RMConfig, enforcer: Enforcer,
                  *, root: bool, skb_pid: Callable[[], int | None]) -> None:
         self.rm = rm
         self.cfg = cfg
         self.enforcer = enforcer
-        self.hook = hook
         self.root = root
+        self.scope = ProcessScope.parse(cfg.busy_scope, cfg.never_confine)
         self.skb_pid = skb_pid
         self.confine = cfg.enforce and cfg.wants_confinement(root)
         self.all_cpus = sorted(rm.machine.cpu_ids())
         self.node_of = {pu.id: pu.numa_node for pu in rm.machine.pus}
-        self.children: dict[int, str] = {}  # child process -> task that forked it (directly or not)
         self.hogs: dict[int, BusyProcess] = {}  # what the detector last said about each other_task
         self.confined: dict[int, tuple[int, ...]] = {}  # hog pid -> CPUs it is confined to
         self.source: Any = None
@@ -100,7 +75,8 @@ class Monitor:
         self._watch()
         loop.add_reader(self.source.fileno(), self._on_events)
         if self.cfg.busy_detect:
-            self.detector = BusyDetector(self.cfg.busy_threshold, self.cfg.busy_window, registered=self._ours)
+            self.detector = BusyDetector(self.cfg.busy_threshold, self.cfg.busy_window, registered=self._ours,
+                                         quiet_window=self.cfg.busy_quiet_window)
             self._every(self.cfg.busy_interval_s, self._busy_tick)
         self._every(self.cfg.refresh_interval_s, self._refresh_tick)
         self.rm.on_published.append(self._reconfine)
@@ -149,7 +125,7 @@ class Monitor:
 
     def _ours(self) -> set[int]:
         """Pids the busy detector must not report: registered tasks, their children, the SKB engine."""
-        pids = set(self.rm.task_pids()) | set(self.children)
+        pids = {pid for t in self.rm.registry.tasks.values() for pid in t.pids()}
         skb = self.skb_pid()
         if skb is not None:
             pids.add(skb)
@@ -157,7 +133,7 @@ class Monitor:
 
     def _watch(self) -> None:
         if hasattr(self.source, "watch"):  # the poller lists threads of watched processes only
-            self.source.watch = set(self.rm.task_pids()) | set(self.children)
+            self.source.watch = {pid for t in self.rm.registry.tasks.values() for pid in t.pids()}
 
     # ---- process events --------------------------------------------------------------------
     def _on_events(self) -> None:
@@ -168,40 +144,36 @@ class Monitor:
             return
         if not events:
             return
-        owners = self.rm.task_pids()
         for ev in events:
             if ev.kind == "fork":
-                self._forked(ev, owners)
+                self._forked(ev)
             elif ev.kind == "exit" and not ev.is_thread:
-                self._exited(ev, owners)
+                self._exited(ev)
             elif ev.kind == "overrun":
                 log.warning("process events were lost (socket buffer full); re-pinning every task")
                 self.rm.reapply_all()
         self._watch()
 
-    def _forked(self, ev: ProcEvent, owners: dict[int, Task]) -> None:
-        if ev.is_thread:  # a new thread of process tgid
-            task = owners.get(ev.tgid)
-            name = task.name if task is not None else self.children.get(ev.tgid)
-        else:  # a new process, child of parent_tgid
-            task = owners.get(ev.parent_tgid)
-            name = task.name if task is not None else self.children.get(ev.parent_tgid)
-            if name is not None:
-                self.children[ev.pid] = name
-        if name is None or not self.rm.holdings_of(name):
+    def _forked(self, ev: ProcEvent) -> None:
+        # A new thread of process tgid, or a new process, child of parent_tgid.
+        task = self.rm.registry.task_of_pid(ev.tgid if ev.is_thread else ev.parent_tgid)
+        if task is None:
+            return
+        if not ev.is_thread:
+            task.children.add(ev.pid)
+        if not self.rm.holdings_of(task.name):
             return
         try:
-            self.enforcer.add_thread(name, ev.pid)
+            self.enforcer.add_thread(task.name, ev.pid)
         except EnforceError as err:
-            log.debug("pinning new thread %d of %s: %s", ev.pid, name, err)
+            log.debug("pinning new thread %d of %s: %s", ev.pid, task.name, err)
 
-    def _exited(self, ev: ProcEvent, owners: dict[int, Task]) -> None:
-        forked_by = self.children.pop(ev.pid, None)
-        if forked_by is not None:
-            self.enforcer.forget_pid(forked_by, ev.pid)  # its record of what to restore
-        task = owners.get(ev.pid)
-        if task is not None:
-            owners.pop(ev.pid, None)
+    def _exited(self, ev: ProcEvent) -> None:
+        task = self.rm.registry.task_of_pid(ev.pid)
+        if task is not None and task.pid != ev.pid:
+            task.children.discard(ev.pid)  # a child's exit does not end the task
+            self.enforcer.forget_pid(task.name, ev.pid)  # its record of what to restore
+        elif task is not None:
             self._spawn(self._task_exited(task, ev.timestamp_ns))
         elif ev.pid in self.rm.others:
             others = {p: o for p, o in self.rm.others.items() if p != ev.pid}
@@ -218,7 +190,8 @@ class Monitor:
     def _busy_tick(self) -> None:
         assert self.detector is not None
         ours = self._ours()
-        now = {h.pid: h for h in self.detector.sample() if h.pid not in ours}
+        now = {h.pid: h for h in self.detector.sample()
+               if h.pid not in ours and self.scope.allows(h.pid, h.comm)}
         others = dict(self.rm.others)
         changes: list[str] = []
         for pid in [p for p in others if p not in now]:
@@ -226,11 +199,13 @@ class Monitor:
             self.hogs.pop(pid, None)
             self._unconfine(pid)
         taken = {c for o in others.values() for c in o.cpus}
+        held = {c for cores in self.rm.epochs.holdings().values() for c in cores}
         for pid, hog in sorted(now.items(), key=lambda kv: (-kv[1].cpu, kv[0])):
             self.hogs[pid] = hog
             if pid in others:
                 continue
-            cpus = reserve_cpus(hog, taken, self.all_cpus)
+            cpus = reserve_cpus(round(hog.cpu), hog.cpus, held, taken, self.all_cpus,
+                                movable=self.confine and self.scope.allows(pid, hog.comm))
             taken.update(cpus)
             others[pid] = OtherTask(pid, printable(hog.comm), hog.cpu, cpus)
             changes.append(f"busy process {pid} ({printable(hog.comm)}) uses {hog.cpu:.2f} cores")
@@ -243,7 +218,7 @@ class Monitor:
         """After each published plan: keep every busy process on the CPUs no task was given."""
         if not self.confine:
             return
-        planned = {c for cores in self.rm.plan.values() for c in cores}
+        planned = {c for cores in self.rm.epochs.plan.values() for c in cores}
         leftover = tuple(c for c in self.all_cpus if c not in planned)
         for pid, other in list(self.rm.others.items()):
             target = leftover or other.cpus
@@ -251,7 +226,7 @@ class Monitor:
                 self._unconfine(pid)
                 continue
             hog = self.hogs.get(pid)
-            if hog is None or self.confined.get(pid) == target:
+            if hog is None or self.confined.get(pid) == target or not self.scope.allows(pid):
                 continue
             mems = tuple(sorted({self.node_of[c] for c in target if c in self.node_of}))
             try:
@@ -271,19 +246,14 @@ class Monitor:
 
     # ---- live state ------------------------------------------------------------------------
     def _refresh_tick(self) -> None:
-        if self._refreshing:  # the previous write is still queued behind a slow SKB query
+        if self._refreshing:  # the previous write is still in flight
             return
-        tasks: dict[str, list[int]] = {n: [t.pid] for n, t in self.rm.state.tasks.items()}
-        for child in [c for c, name in self.children.items() if name not in tasks]:
-            del self.children[child]  # its task left
-        for child, name in self.children.items():
-            if name in tasks:
-                tasks[name].append(child)
+        tasks: dict[str, list[int]] = {n: t.pids() for n, t in self.rm.registry.tasks.items()}
         pages = self._refreshes % PAGES_EVERY == 0
         self._refreshes += 1
         state = self.sampler.sample(tasks, pages=pages)
         for name, task_state in state.tasks.items():
-            task = self.rm.state.tasks.get(name)
+            task = self.rm.registry.tasks.get(name)
             if task is not None and task.pid not in task_state.pids:
                 # Its exit event was missed (it exited while being admitted, or events overran).
                 log.info("task %s: pid %d is gone", name, task.pid)
@@ -320,9 +290,9 @@ class Monitor:
 
     async def _write_live_state(self, changed: dict[str, list[str]]) -> None:
         try:
-            for pattern, facts in changed.items():
-                await self.rm.skb.replace_system_facts(pattern, facts)
-                self._written[pattern] = facts
+            # One change: a query never sees the loads of one refresh and the memory of another.
+            await self.rm.skb.replace_many(changed)
+            self._written.update(changed)
         except Exception as err:
             log.warning("writing the live state into the SKB: %s", err)
         finally:

@@ -1,11 +1,24 @@
-"""The Resource Manager: owns the SKB, the tasks and the allocation, and tells clients what changed.
+"""The Resource Manager: carries out what the policies decide, in the right order, and rolls back together.
 
-Everything here runs on the one asyncio event loop, so the state needs no locks;
-the SKB is reached only through `AsyncSKB` (its engine is a child process, so a
-slow query waits there, not here), and the allocator runs in a worker thread on
-a snapshot (see cod.rm.allocation).  Allocator runs and the publication of their
-results are serialised by `_alloc_lock`; requests that arrive meanwhile are
-coalesced into the next run.
+Policies are pure and live elsewhere: the allocator (:mod:`.allocator`, run
+by :mod:`.planner`), the epochs and revocations (:mod:`.epochs`), quotas
+(:mod:`.quotas`), the CPUs kept for busy processes (:mod:`.reservations`).
+State is the :mod:`.registry`'s and the epoch state's.  This module runs them
+and applies their results: SKB writes (:class:`cod.skb.AsyncSKB`), pinning
+(the enforcement backend), upcalls.
+
+Everything runs on the one asyncio event loop, so the state needs no locks.
+Allocator runs and the adoption of their plans are serialised by
+``_alloc_lock``; requests that arrive meanwhile are coalesced into the next
+run.  Publications (the effects of a new epoch) are carried out by one
+publisher task, in order, so an acknowledgement never waits for the SKB:
+it changes the epoch state at once and queues its publication.
+
+A call that changes several things (registering a task with facts and
+procedures) checks everything first, then pins the new task, then writes the
+SKB in one transaction, then adopts the plan; a failure at any step undoes
+the steps before it, so the daemon's state, the SKB and the cgroups never
+disagree.
 """
 
 from __future__ import annotations
@@ -13,62 +26,73 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from cod.facts.model import Machine
+from cod.protocol import jsonrpc as rpc
+from cod.protocol.jsonrpc import RpcError
+from cod.protocol.prolog_text import atom, predicate_name, term
+from cod.skb import PERSISTENT, SKBError, Staged
+from cod.skb import codec
 
-from . import jsonrpc as rpc
-from .allocation import AllocatorRunner, Plan
+from . import epochs, quotas
 from .allocator.model import TaskSpec
 from .config import RMConfig
-from .enforcement import EnforcementHook
-from .jsonrpc import RpcError
-from .prolog_text import atom, predicate_name, term
-from .state import Connection, Peer, Revocation, RMState, Task
+from .enforce.backend import Enforcer
+from .epochs import EpochState, Publication
+from .planner import Plan, Planner
+from .registry import Connection, Peer, Registry, Task, Usage, default_app_name
+from .reservations import OtherTask, unavailable
 
 log = logging.getLogger("cod.rm")
 
 CLOSE_WAIT_S = 3.0  # how long close() waits for a recomputation in flight
 
 
-def skb_rpc_error(err: Exception) -> RpcError:
-    code = getattr(err, "code", "engine")
-    message = getattr(err, "message", str(err))
-    data = dict(getattr(err, "data", None) or {})
-    data["skb_code"] = code
-    return RpcError(rpc.skb_error_code(code), message, data)
+def skb_rpc_error(err: SKBError) -> RpcError:
+    data = dict(err.data or {})
+    data["skb_code"] = err.code
+    if err.code == "quota":
+        return RpcError(rpc.QUOTA_EXCEEDED, err.message, data)
+    return RpcError(rpc.skb_error_code(err.code), err.message, data)
+
+
+async def skb_call(awaitable: Any) -> Any:
+    """Await an SKB call, turning its SKBError into the protocol's error reply."""
+    try:
+        return await awaitable
+    except SKBError as err:
+        raise skb_rpc_error(err) from None
 
 
 @dataclass
-class OtherTask:
-    """An unregistered process that keeps CPUs busy (SKB `other_task/3`), noticed by the busy detector."""
-
-    pid: int
-    comm: str
-    cpu: float  # cores it used over the detection window
-    cpus: tuple[int, ...]  # the CPUs kept free for it (its `Cpus` in the SKB)
+class _Queued:
+    pub: Publication
+    done: asyncio.Future[None]
 
 
 class ResourceManager:
-    def __init__(self, cfg: RMConfig, machine: Machine, skb: Any, enforcer: EnforcementHook) -> None:
+    def __init__(self, cfg: RMConfig, machine: Machine, skb: Any, enforcer: Enforcer, *,
+                 direct_socket: str | None = None) -> None:
         self.cfg = cfg
         self.machine = machine
         self.skb = skb  # cod.skb.AsyncSKB
         self.enforcer = enforcer
-        self.enforce_mode = cfg.enforce_mode if cfg.enforce else "none"  # the backend in use (set by the daemon)
-        self.state = RMState()
-        self.allocator = AllocatorRunner(machine, cfg.solver, cfg.solver_time_limit_s)
+        self.direct_socket = direct_socket
+        self.enforce_mode = enforcer.name if cfg.enforce else "none"
+        self.registry = Registry()
+        self.epochs = EpochState()
+        self.planner = Planner(machine, cfg.solver, cfg.solver_time_limit_s)
         self.daemon_uid = os.geteuid()
         self.started = time.time()
-        self.plan: dict[str, tuple[int, ...]] = {}
-        self.last_solver = "none"
+        self.n_cpus = len(machine.cpu_ids())
         self.last_plan: Plan | None = None
         self.others: dict[int, OtherTask] = {}  # pid -> unregistered busy process
         self.on_published: list[Callable[[], None]] = []  # run after each published epoch (confinement)
-        self.last_announce_ns = 0
-        self.published_holdings: dict[str, tuple[int, ...]] = {}  # CPUs each task held at the last epoch  # time.monotonic_ns() of the last published epoch's upcalls
+        self.last_announce_ns = 0  # time.monotonic_ns() of the last published epoch's upcalls
         self._node_of = {pu.id: pu.numa_node for pu in machine.pus}
         self._allowed_mems = None if machine.allowed_mems is None else set(machine.allowed_mems)
         self._alloc_lock = asyncio.Lock()
@@ -78,71 +102,160 @@ class ResourceManager:
         self._recompute_task: asyncio.Task[None] | None = None
         self._pending_reasons: list[str] = []
         self._deadline_timer: asyncio.TimerHandle | None = None
+        self._publications: asyncio.Queue[_Queued | None] = asyncio.Queue()
+        self._publisher = asyncio.get_running_loop().create_task(self._publish_loop())
         self._background: set[asyncio.Task[Any]] = set()
+        self._uid_locks: dict[int, asyncio.Lock] = {}
         self.closing = False
 
     # ---- connections -----------------------------------------------------------------------
-    def new_connection(self, peer: Peer) -> Connection:
-        return self.state.add_connection(peer)
+    def privileged_uid(self, uid: int) -> bool:
+        return uid in (0, self.daemon_uid)
 
-    def privileged(self, conn: Connection) -> bool:
-        return conn.peer.uid in (0, self.daemon_uid)
+    def new_connection(self, peer: Peer) -> Connection:
+        return self.registry.add_connection(peer, self.privileged_uid(peer.uid))
+
+    def connection_refusal(self, peer: Peer, open_connections: int) -> str | None:
+        """Why a new connection from ``peer`` is refused (None: accepted)."""
+        if self.privileged_uid(peer.uid):
+            return None if open_connections < self.cfg.max_connections else "too many connections"
+        if open_connections >= self.cfg.max_connections - self.cfg.reserved_privileged_connections:
+            return "too many connections (the rest are reserved for root)"
+        if self.registry.uid_connections(peer.uid) >= self.cfg.max_connections_per_uid:
+            return f"uid {peer.uid} already has {self.cfg.max_connections_per_uid} connections (max_connections_per_uid)"
+        return None
+
+    async def hello(self, conn: Connection, app: str | None) -> dict[str, Any]:
+        if app is None:
+            app = conn.app or default_app_name(conn.peer.uid, conn.peer.pid)
+        refusal = self.registry.name_refusal(conn.peer.uid, app, conn.privileged)
+        if refusal is not None:
+            raise RpcError(rpc.PERMISSION_DENIED, refusal)
+        if conn.app is not None and conn.app != app:
+            raise RpcError(rpc.INVALID_PARAMS, f"hello: this connection already uses application {conn.app!r}")
+        self.registry.claim_app(conn, app)
+        conn.hello = True
+        direct = None
+        if self.direct_socket is not None:
+            if conn.token is None:
+                conn.token = secrets.token_hex(16)
+                try:
+                    await self.skb.grant(conn.token, app)
+                except SKBError as err:
+                    log.warning("no direct channel for connection %d: %s", conn.id, err)
+                    conn.token = None
+            if conn.token is not None:
+                direct = {"socket": self.direct_socket, "token": conn.token, "protocol": rpc.PROTOCOL_VERSION}
+        return {"app": app, "skb": direct}
 
     async def connection_lost(self, conn: Connection) -> None:
-        gone, _ = self.state.remove_connection(conn.id)
+        gone, _ = self.registry.remove_connection(conn.id)
         if self.closing:  # close() has released every task and the SKB goes away next
             return
+        if conn.token is not None:
+            await self._skb_quietly(self.skb.revoke(conn.token), f"revoking the capability of connection {conn.id}")
         for task in gone:
-            await self._forget_task(task, reason="client disconnected")
-        if conn.app is not None and not self.state.app_connections(conn.app):
-            await self._release_app(conn.app)
-        elif conn.app is not None:
-            for fact in conn.facts:
-                try:
-                    await self.skb.remove_facts(conn.app, fact)
-                except Exception as err:  # the fact may be gone already
-                    log.debug("dropping fact %s of %s: %s", fact, conn.app, err)
+            await self._forget_task(task, "client disconnected")
+        app = conn.app
+        if app is not None:
+            reply = await self._skb_quietly(self.skb.drop_owner(app, conn.id), f"dropping the facts of connection {conn.id}")
+            if reply is not None:
+                self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
+            if not self.registry.app_connections(app):
+                reply = await self._skb_quietly(self.skb.release_app(app), f"releasing application {app}")
+                if reply is not None:
+                    self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
+                self.registry.release_name(app)
         if gone:
             self.schedule(f"task {gone[0].name} left" if len(gone) == 1 else f"{len(gone)} tasks left")
 
-    async def _release_app(self, app: str) -> None:
-        """The last connection of `app` left: drop its namespace, keeping what was added as persistent."""
-        keep = self.state.persistent.get(app)
+    async def _skb_quietly(self, awaitable: Any, what: str) -> Any:
         try:
-            await self.skb.drop_app(app)
-            if keep:
-                for text in keep["procedures"]:
-                    await self.skb.add_procedure(app, text)
-                if keep["facts"]:
-                    await self.skb.add_facts(app, keep["facts"])
-        except Exception as err:
-            log.warning("cleaning up application %s: %s", app, err)
-        if (not keep or not (keep["facts"] or keep["procedures"])) and not self.state.app_connections(app):
-            self.state.app_owner.pop(app, None)
-            self.state.persistent.pop(app, None)
+            return await awaitable
+        except SKBError as err:
+            log.warning("%s: %s", what, err)
+            return None
 
-    def claim_app(self, conn: Connection, app: str) -> None:
-        owner = self.state.app_owner.get(app)
-        if owner is not None and owner != conn.peer.uid and not self.privileged(conn):
-            raise RpcError(rpc.PERMISSION_DENIED, f"application namespace {app!r} belongs to uid {owner}")
-        self.state.app_owner.setdefault(app, conn.peer.uid)
-        conn.app = app
+    def _uid_lock(self, uid: int) -> asyncio.Lock:
+        """Writes of one uid are serialised, so its quota cannot be passed by two at once."""
+        lock = self._uid_locks.get(uid)
+        if lock is None:
+            lock = self._uid_locks[uid] = asyncio.Lock()
+        return lock
 
     # ---- events ----------------------------------------------------------------------------
     def emit(self, event: str, payload: dict[str, Any], *, app_scope: str | None = None) -> None:
-        """Send `event` to every matching subscription (for app-scoped events: same app only)."""
-        for sub in self.state.subscribers(event, payload):
-            conn = self.state.connections.get(sub.conn_id)
+        """Send ``event`` to every matching subscription (for app-scoped events: same app only)."""
+        for sub in self.registry.subscribers(event, payload):
+            conn = self.registry.connections.get(sub.conn_id)
             if conn is None or conn.send is None:
                 continue
             if app_scope is not None and conn.app != app_scope:
                 continue
             conn.send(rpc.notification(event, {"subscription": sub.id, "event": event, **payload}))
 
-    def facts_changed(self, conn: Connection, scope: str, op: str, facts: list[str]) -> None:
+    def facts_changed(self, app: str | None, op: str, facts: Iterable[str]) -> None:
         names = sorted({n for n in (predicate_name(f) for f in facts) if n})
-        payload = {"scope": scope, "app": conn.app if scope == "app" else None, "op": op, "predicates": names}
-        self.emit("facts_changed", payload, app_scope=conn.app if scope == "app" else None)
+        scope = "system" if app is None else "app"
+        self.emit("facts_changed", {"scope": scope, "app": app, "op": op, "predicates": names}, app_scope=app)
+
+    # ---- facts and procedures ------------------------------------------------------------
+    async def add_facts(self, conn: Connection, facts: list[str], *, system: bool, persistent: bool) -> int:
+        if system:
+            n = await skb_call(self.skb.add_system_facts(facts))
+            self.facts_changed(None, "add", facts)
+            self.schedule("system facts changed")
+            return int(n)
+        app = self._app(conn)
+        async with self._uid_lock(conn.peer.uid):
+            limits = quotas.write_limits(self.cfg, self.registry, app, conn.peer.uid)
+            owner = PERSISTENT if persistent else conn.id
+            reply = await skb_call(self.skb.add_facts(app, owner, facts, limits))
+            self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
+        self.facts_changed(app, "add", facts)
+        self._app_changed(app)
+        return int(reply["added"])
+
+    async def remove_facts(self, conn: Connection, patterns: list[str], *, system: bool) -> int:
+        if system:
+            removed = 0
+            for pattern in patterns:
+                removed += await skb_call(self.skb.remove_system_facts(pattern))
+            if removed:
+                self.facts_changed(None, "remove", patterns)
+                self.schedule("system facts changed")
+            return removed
+        app = self._app(conn)
+        reply = await skb_call(self.skb.remove_facts(app, patterns))
+        self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
+        removed = int(reply["removed"])
+        if removed:
+            self.facts_changed(app, "remove", patterns)
+            self._app_changed(app)
+        return removed
+
+    async def add_procedure(self, conn: Connection, text: str, *, persistent: bool) -> list[str]:
+        app = self._app(conn)
+        async with self._uid_lock(conn.peer.uid):
+            limits = quotas.write_limits(self.cfg, self.registry, app, conn.peer.uid)
+            reply = await skb_call(self.skb.add_procedure(app, text, persistent, limits))
+            self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
+        self._app_changed(app)
+        return list(reply["predicates"])
+
+    async def execute_query(self, conn: Connection, goal: str, *, all_solutions: bool, max_solutions: int,
+                            timeout_s: float) -> list[dict[str, Any]]:
+        return await skb_call(self.skb.execute_query(self._app(conn), goal, all_solutions=all_solutions,
+                                                     max_solutions=max_solutions, timeout_s=timeout_s))
+
+    def _app(self, conn: Connection) -> str:
+        assert conn.app is not None, "handlers only call the service after hello"
+        return conn.app
+
+    def _app_changed(self, app: str) -> None:
+        """An application's facts or procedures changed: its tasks' placement may depend on them."""
+        if any(t.app == app for t in self.registry.tasks.values()):
+            self.schedule(f"facts of {app} changed")
 
     # ---- tasks -----------------------------------------------------------------------------
     def task_facts(self, task: Task) -> list[str]:
@@ -152,56 +265,108 @@ class ResourceManager:
                 facts.append(f"task_property({atom(task.name)}, {key}, {term(value)})")
         return facts
 
-    async def admit(self, task: Task, *, replacing: Task | None = None) -> None:
-        """Add (or update) `task` if the allocator can give every task its min_cores, else refuse."""
-        async with self._alloc_lock:
-            target = self._requested_gen  # changes asked for so far are in this snapshot
-            others = [t.spec for n, t in self.state.tasks.items() if n != task.name]
-            current = {n: t.announced for n, t in self.state.tasks.items()}
-            specs = others + [task.spec]
-            plan = await self.allocator.run(specs, current, self.unavailable(specs))
-            if plan.cores is None:
-                raise self._refusal(task.spec, others, plan)
-            if replacing is None:
-                self.state.tasks[task.name] = task
-            else:
-                replacing.spec = task.spec
-                replacing.properties = task.properties
-                task = replacing
-            reason = f"task {task.name} {'arrived' if replacing is None else 'changed'}"
-            # Upcalls first, then the SKB (as for allocated/2): the SKB serves calls in order, so the
-            # registering client's next query, sent after its reply, sees task/3.
-            await self._publish(plan, reason)
-            facts = self.task_facts(task)
-            if replacing is None:
-                await self.skb.add_system_facts(facts)
-            else:  # task/3 stays; the properties are swapped in one SKB operation
-                await self.skb.replace_system_facts(f"task_property({atom(task.name)}, _, _)", facts[1:])
-            await self._mark_done(target)
-        if replacing is None:
-            self.emit("task_arrived", {"task": task.name, "pid": task.pid, "app": task.app})
+    def task_refusal(self, conn: Connection, name: str, properties: dict[str, Any]) -> None:
+        why = quotas.task_refusal(self.cfg, self.registry, conn.peer.uid, conn.privileged, name, properties,
+                                  self.n_cpus)
+        if why is not None:
+            raise RpcError(rpc.PERMISSION_DENIED, f"task {name!r}: {why}")
 
-    def _refusal(self, spec: TaskSpec, others: list[TaskSpec], plan: Plan) -> RpcError:
-        available = len(self.machine.cpu_ids())
-        reserved = sum(t.min_cores for t in others)
-        free = max(0, available - reserved)
+    async def register_task(self, conn: Connection, task: Task, facts: list[str], procedures: list[str],
+                            persistent: bool) -> Task:
+        """Admit ``task`` with its application's facts and procedures, all or nothing."""
+        app = task.app
+        async with self._uid_lock(conn.peer.uid):
+            limits = quotas.write_limits(self.cfg, self.registry, app, conn.peer.uid)
+            owner = PERSISTENT if persistent else conn.id
+            writes = [codec.add_procedure(app, text, persistent, limits) for text in procedures]
+            if facts:
+                writes.append(codec.add_facts(app, owner, facts, limits))
+            if writes:  # 1. check the facts and procedures without keeping them
+                await skb_call(self.skb.evaluate(app, Staged(tuple(facts), owner,
+                                                             tuple((t, persistent) for t in procedures), limits), []))
+            writes.append(codec.add_system_facts(self.task_facts(task)))
+            async with self._alloc_lock:
+                if task.name in self.registry.tasks:
+                    raise RpcError(rpc.ALREADY_EXISTS, f"a task named {task.name!r} is already registered")
+                # 2. admission: the plan with the newcomer, not adopted yet
+                plan = await self._plan([t.spec for t in self.registry.tasks.values()] + [task.spec])
+                if plan.cores is None:
+                    raise self._refusal(task.spec, plan)
+                state = epochs.add_task(self.epochs, task.name)
+                new_state, pub = epochs.adopt(state, plan.cores, self._now(), self.cfg.revoke_deadline_s,
+                                              f"task {task.name} arrived")
+                # 3. pin the newcomer (if it holds anything yet); 4. write the SKB in one transaction
+                grant = new_state.holdings().get(task.name, ())
+                self._pin_or_refuse(task, grant)
+                try:
+                    results = await skb_call(self.skb.batch(writes))
+                except BaseException:
+                    self._release(task)
+                    raise
+                # 5. commit: from here on nothing is undone
+                for result in results:
+                    if isinstance(result, dict) and "usage" in result:
+                        self.registry.usage[app] = Usage.from_reply(result["usage"])
+                self.registry.tasks[task.name] = task
+                conn.tasks.add(task.name)
+                sub = self.registry.subscribe(conn, "allocation_changed", {"task": task.name})
+                task.auto_subscription = sub.id
+                self.epochs = new_state
+                self.last_plan = plan
+                await self._publish(pub, already_pinned={task.name: grant})
+        if facts:
+            self.facts_changed(app, "add", facts)
+        self.emit("task_arrived", {"task": task.name, "pid": task.pid, "app": task.app})
+        return task
+
+    async def update_task(self, task: Task, spec: TaskSpec, properties: dict[str, Any]) -> None:
+        async with self._alloc_lock:
+            specs = [t.spec if t.name != task.name else spec for t in self.registry.tasks.values()]
+            plan = await self._plan(specs)
+            if plan.cores is None:
+                raise self._refusal(spec, plan)
+            new_state, pub = epochs.adopt(self.epochs, plan.cores, self._now(), self.cfg.revoke_deadline_s,
+                                          f"task {task.name} changed")
+            old_spec, old_props = task.spec, task.properties
+            task.spec, task.properties = spec, properties
+            try:
+                await skb_call(self.skb.replace_system_facts(f"task_property({atom(task.name)}, _, _)",
+                                                             self.task_facts(task)[1:]))
+            except BaseException:
+                task.spec, task.properties = old_spec, old_props
+                raise
+            self.epochs = new_state
+            self.last_plan = plan
+            await self._publish(pub)
+
+    def _pin_or_refuse(self, task: Task, cpus: tuple[int, ...]) -> None:
+        if not cpus:
+            return  # its cores are still being given back by others: it is pinned when it gets them
+        try:
+            self.enforcer.apply(task.name, task.pids(), cpus, self._mems(cpus))
+        except Exception as err:
+            self._release(task)
+            raise RpcError(rpc.INTERNAL_ERROR if not isinstance(err, OSError) else rpc.PERMISSION_DENIED,
+                           f"cannot pin task {task.name!r} (pid {task.pid}): {err}") from None
+
+    def _refusal(self, spec: TaskSpec, plan: Plan) -> RpcError:
+        reserved = sum(t.spec.min_cores for t in self.registry.tasks.values() if t.name != spec.name)
+        free = max(0, self.n_cpus - reserved)
         return RpcError(
             rpc.ADMISSION_REFUSED,
-            f"cannot admit task {spec.name!r}: it asks for at least {spec.min_cores} cores, "
-            f"{free} of {available} are free",
-            {"requested": spec.min_cores, "free": free, "available": available, "reason": plan.reason},
+            f"cannot admit task {spec.name!r}: it asks for at least {spec.min_cores} cores, {free} of "
+            f"{self.n_cpus} are free" + (f"; the allocator says: {plan.reason}" if plan.reason else ""),
+            {"requested": spec.min_cores, "free": free, "available": self.n_cpus, "reason": plan.reason},
         )
 
     async def remove_task(self, task: Task, reason: str) -> int:
         """The task leaves; returns the generation of the recomputation that gives its cores away."""
-        conn = self.state.connections.get(task.conn_id)
+        conn = self.registry.connections.get(task.conn_id)
         if conn is not None:
             conn.tasks.discard(task.name)
             if task.auto_subscription is not None:
-                self.state.unsubscribe(conn, task.auto_subscription)
-        self.state.tasks.pop(task.name, None)
-        for core in [c for c, r in self.state.revocations.items() if r.task == task.name]:
-            del self.state.revocations[core]
+                self.registry.unsubscribe(conn, task.auto_subscription)
+        self.registry.tasks.pop(task.name, None)
         # Recompute first: the others get the cores while the SKB forgets the task.
         gen = self.schedule(f"task {task.name} left")
         await self._forget_task(task, reason)
@@ -212,7 +377,7 @@ class ResourceManager:
 
         Returns how long after the exit event the other tasks were told of the freed
         cores (ms), or None when nothing changed hands."""
-        if self.state.tasks.get(task.name) is not task:
+        if self.registry.tasks.get(task.name) is not task:
             return None
         gen = await self.remove_task(task, "exited")
         await self.wait_for(gen)
@@ -223,24 +388,21 @@ class ResourceManager:
                  task.name, task.pid, ms)
         return ms
 
-    def task_pids(self) -> dict[int, Task]:
-        """Registered pids and their tasks."""
-        return {t.pid: t for t in self.state.tasks.values()}
+    async def _forget_task(self, task: Task, reason: str) -> None:
+        self.epochs = epochs.forget(self.epochs, task.name)
+        self._release(task)
+        name = atom(task.name)
+        await self._skb_quietly(self.skb.batch([
+            codec.remove_system_facts(f"task({name}, _, _)"),
+            codec.remove_system_facts(f"task_property({name}, _, _)"),
+            codec.remove_system_facts(f"allocated({name}, _)"),
+        ]), f"removing the facts of task {task.name}")
+        self.emit("task_left", {"task": task.name, "pid": task.pid, "app": task.app, "reason": reason})
+        log.info("task %s (pid %d) left: %s", task.name, task.pid, reason)
 
     # ---- unregistered busy processes (other_task/3) ---------------------------------------
     def unavailable(self, specs: list[TaskSpec]) -> tuple[int, ...]:
-        """CPUs kept free for busy unregistered processes, at most what the tasks' min_cores leave over.
-
-        Hungriest process first, so when CPUs are short the biggest hogs get their own."""
-        room = len(self.machine.cpu_ids()) - sum(s.min_cores for s in specs)
-        out: list[int] = []
-        for other in sorted(self.others.values(), key=lambda o: (-o.cpu, o.pid)):
-            for cpu in other.cpus:
-                if len(out) >= room:
-                    return tuple(sorted(out))
-                if cpu not in out:
-                    out.append(cpu)
-        return tuple(sorted(out))
+        return unavailable(self.others, sum(s.min_cores for s in specs), self.n_cpus)
 
     async def set_others(self, others: dict[int, OtherTask], why: str) -> int:
         """Record the unregistered busy processes in the SKB, tell subscribers, recompute."""
@@ -248,27 +410,19 @@ class ResourceManager:
         self.others = dict(others)
         facts = [f"other_task({o.pid}, {atom(o.comm)}, {term(list(o.cpus))})" for _, o in sorted(others.items())]
         gen = self.schedule(why)
-        try:
-            await self.skb.replace_system_facts("other_task(_, _, _)", facts)
-        except Exception as err:
-            log.warning("writing other_task facts: %s", err)
+        await self._skb_quietly(self.skb.replace_system_facts("other_task(_, _, _)", facts), "writing other_task facts")
         self.emit("facts_changed", {"scope": "system", "app": None, "op": "add" if added else "remove",
                                     "predicates": ["other_task"]})
         return gen
 
-    async def _forget_task(self, task: Task, reason: str) -> None:
-        try:
-            await self.skb.remove_system_facts(f"task({atom(task.name)}, _, _)")
-            await self.skb.remove_system_facts(f"task_property({atom(task.name)}, _, _)")
-            await self.skb.remove_system_facts(f"allocated({atom(task.name)}, _)")
-        except Exception as err:
-            log.warning("removing facts of task %s: %s", task.name, err)
-        self._enforce_release(task)
-        self.plan.pop(task.name, None)
-        self.emit("task_left", {"task": task.name, "pid": task.pid, "app": task.app, "reason": reason})
-        log.info("task %s (pid %d) left: %s", task.name, task.pid, reason)
-
     # ---- recomputation ---------------------------------------------------------------------
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def _plan(self, specs: list[TaskSpec]) -> Plan:
+        current = self.epochs.holdings()
+        return await self.planner.run(specs, current, self.unavailable(specs))
+
     def schedule(self, reason: str) -> int:
         """Ask for a recomputation soon; returns the generation to wait for with `wait_for`."""
         self._requested_gen += 1
@@ -287,18 +441,19 @@ class ResourceManager:
                 target = self._requested_gen
                 reasons, self._pending_reasons = self._pending_reasons, []
                 reason = "; ".join(dict.fromkeys(reasons)) or "recomputation"
-                specs = [t.spec for t in self.state.tasks.values()]
-                current = {n: t.announced for n, t in self.state.tasks.items()}
                 try:
-                    plan = await self.allocator.run(specs, current, self.unavailable(specs))
+                    plan = await self._plan([t.spec for t in self.registry.tasks.values()])
                 except Exception:
                     log.exception("allocator failed; keeping the current allocation")
                     plan = None
                 if plan is not None and plan.cores is None:
                     log.warning("allocation infeasible, keeping the current one: %s", plan.reason)
                 elif plan is not None:
-                    # Tasks that left while the allocator ran are simply not in the state any more.
-                    await self._publish(plan, reason)
+                    # Tasks that left while the allocator ran are not in the epoch state any more.
+                    self.last_plan = plan
+                    self.epochs, pub = epochs.adopt(self.epochs, plan.cores, self._now(),
+                                                    self.cfg.revoke_deadline_s, reason)
+                    await self._publish(pub)
                 await self._mark_done(target)
 
     async def _mark_done(self, gen: int) -> None:
@@ -306,186 +461,140 @@ class ResourceManager:
             self._done_gen = max(self._done_gen, gen)
             self._gen_changed.notify_all()
 
-    async def _publish(self, plan: Plan, reason: str) -> None:
-        """Adopt a new plan: mark cores taken from tasks for revocation, then announce (under the lock)."""
-        assert plan.cores is not None
-        self.last_solver = plan.solver
-        self.last_plan = plan
-        self.plan = {n: c for n, c in plan.cores.items() if n in self.state.tasks}
-        deadline = asyncio.get_running_loop().time() + self.cfg.revoke_deadline_s
-        revs = self.state.revocations
-        next_epoch = self.state.epoch + 1
-        for name, task in self.state.tasks.items():
-            planned = set(self.plan.get(name, ()))
-            for core in set(task.announced) - planned:
-                if core not in revs:
-                    revs[core] = Revocation(core, name, next_epoch, deadline)
-            for core in planned:
-                if core in revs and revs[core].task == name:
-                    del revs[core]  # taken back before it was given away
-        for core in [c for c, r in revs.items() if r.task not in self.state.tasks]:
-            del revs[core]
-        await self._announce(reason)
+    # ---- acknowledgements and deadlines: never wait for anything --------------------------
+    def acknowledge(self, task: Task, epoch: int) -> list[int]:
+        self.epochs, released, pub = epochs.acknowledge(self.epochs, task.name, epoch, self._now())
+        if not pub.empty:
+            self._queue(pub)
+        return list(released)
 
-    async def _announce(self, reason: str) -> None:
-        """Tell every task whose usable cores changed, write the SKB, apply enforcement."""
-        revs = self.state.revocations
-        # Compared with what was last published, not with the state now: an ack or a deadline
-        # has already dropped its revocations from the state when it calls us.
-        before = self.published_holdings
-        changes: list[tuple[Task, tuple[int, ...], tuple[int, ...]]] = []
-        for name, task in self.state.tasks.items():
-            grant = tuple(sorted(c for c in self.plan.get(name, ()) if c not in revs or revs[c].task == name))
-            if grant != task.announced:
-                changes.append((task, task.announced, grant))
-        for task, _old, grant in changes:
-            task.announced = grant
-        after = self.state.holdings()
-        self.published_holdings = after
-        if not changes and before == after:
-            self._run_published_hooks()  # the plan may differ (e.g. unavailable CPUs) without any change here
-            return
-        self.state.epoch += 1
-        epoch = self.state.epoch
-        for task, _old, _grant in changes:
-            task.announced_epoch = epoch
-        now = asyncio.get_running_loop().time()
-        self.last_announce_ns = time.monotonic_ns()
-        for task, old, grant in changes:
-            removed = sorted(set(old) - set(grant))
-            payload = self.allocation_of(task)
-            payload.update(
-                added=sorted(set(grant) - set(old)),
-                removed=removed,
-                reason=reason,
-            )
-            if removed:
-                payload["deadline_s"] = round(
-                    max(0.0, min((revs[c].deadline for c in removed if c in revs), default=now) - now), 3
-                )
-            self.emit("allocation_changed", payload)
-        # Upcalls first (they are the latency clients wait for), then pinning and the SKB.  SKB
-        # calls are served in order, so a query sent after an upcall sees the new allocated/2.
-        for name, cores in after.items():
-            if before.get(name) != cores:
-                self._enforce_apply(self.state.tasks[name], cores)
-        self._arm_deadline()
-        self._run_published_hooks()
-        await self._write_allocation(after, epoch)
-        log.info(
-            "epoch %d (%s): %s", epoch, reason,
-            ", ".join(f"{t.name}={_ranges(g)}" for t, _o, g in changes) or "holdings changed",
-        )
+    def _arm_deadline(self, when: float | None) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        if when is not None and not self.closing:
+            self._deadline_timer = asyncio.get_running_loop().call_at(when, self._on_deadline)
 
-    def _run_published_hooks(self) -> None:
+    def _on_deadline(self) -> None:
+        self._deadline_timer = None
+        self.epochs, pub = epochs.expire(self.epochs, self._now())
+        if pub.empty:
+            self._arm_deadline(self.epochs.next_deadline())
+        else:
+            log.info("a task did not release its CPUs in time; reassigning them")
+            self._queue(pub)
+
+    # ---- carrying out publications --------------------------------------------------------
+    def _queue(self, pub: Publication, already_pinned: dict[str, tuple[int, ...]] | None = None) -> asyncio.Future[None]:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._publications.put_nowait(_Queued(pub if not already_pinned else _without_pins(pub, already_pinned), done))
+        return done
+
+    async def _publish(self, pub: Publication, already_pinned: dict[str, tuple[int, ...]] | None = None) -> None:
+        await self._queue(pub, already_pinned)
+
+    async def _publish_loop(self) -> None:
+        while True:
+            item = await self._publications.get()
+            if item is None:
+                return
+            try:
+                await self._carry_out(item.pub)
+            except Exception:
+                log.exception("publishing epoch %s failed", item.pub.epoch)
+            finally:
+                if not item.done.done():
+                    item.done.set_result(None)
+
+    async def _carry_out(self, pub: Publication) -> None:
+        """Pins first, then the SKB, then the upcalls: a query sent after an upcall sees its allocation."""
+        for name, cores in pub.repin.items():
+            task = self.registry.tasks.get(name)
+            if task is not None:
+                self._pin(task, cores)
+        self._arm_deadline(pub.next_deadline)
+        if not pub.empty:
+            facts = [f"allocated({atom(n)}, {c})" for n, cores in sorted(pub.holdings.items()) for c in cores]
+            await self._skb_quietly(
+                self.skb.replace_many({"allocated(_, _)": facts, "allocation_epoch(_)": [f"allocation_epoch({pub.epoch})"]}),
+                f"writing allocation epoch {pub.epoch} into the SKB")
+            self.last_announce_ns = time.monotonic_ns()
+            for change in pub.changes:
+                task = self.registry.tasks.get(change.task)
+                if task is None:
+                    continue
+                payload = self.allocation_of(task)
+                payload.update(added=list(change.added), removed=list(change.removed), reason=pub.reason)
+                if change.deadline_s is not None:
+                    payload["deadline_s"] = change.deadline_s
+                self.emit("allocation_changed", payload)
+            log.info("epoch %d (%s): %s", pub.epoch, pub.reason,
+                     ", ".join(f"{c.task}={epochs.ranges(c.cores)}" for c in pub.changes) or "holdings changed")
         for hook in self.on_published:
             try:
                 hook()
             except Exception:
                 log.exception("after publishing an allocation")
 
+    # ---- enforcement -----------------------------------------------------------------------
+    def _mems(self, cpus: Iterable[int]) -> tuple[int, ...]:
+        return tuple(sorted({n for c in cpus if (n := self._node_of.get(c)) is not None}))
+
+    def _pin(self, task: Task, cpus: tuple[int, ...]) -> None:
+        if self.closing:  # close() releases every task; nothing may be pinned after it
+            return
+        if not cpus:
+            log.debug("task %s holds no CPU yet; not pinning it", task.name)
+            return
+        try:
+            live = self.enforcer.apply(task.name, task.pids(), cpus, self._mems(cpus))
+            task.children.intersection_update(live)
+        except Exception as err:
+            log.warning("enforcing the allocation of %s (pid %d) failed: %s", task.name, task.pid, err)
+
+    def _release(self, task: Task) -> None:
+        try:
+            self.enforcer.release(task.name)
+        except Exception as err:
+            log.warning("releasing %s (pid %d) failed: %s", task.name, task.pid, err)
+
+    def holdings_of(self, name: str) -> tuple[int, ...]:
+        """CPUs task ``name`` may run on now (announced plus those it has yet to give back)."""
+        return self.epochs.holdings().get(name, ())
+
+    def reapply_all(self) -> None:
+        """Pin every task again (after lost process events: threads may have been missed)."""
+        held = self.epochs.holdings()
+        for task in list(self.registry.tasks.values()):
+            self._pin(task, held.get(task.name, ()))
+
+    # ---- reports ---------------------------------------------------------------------------
     def plan_summary(self) -> dict[str, Any]:
         """How the current plan was made: solver, status, time, and the CPUs kept for other work."""
         plan = self.last_plan
         return {
-            "solver": self.last_solver,
+            "solver": plan.solver if plan else "none",
             "status": plan.status if plan else None,
             "solve_ms": round(plan.solve_ms, 3) if plan else None,
             "unavailable": list(plan.unavailable) if plan else [],
         }
 
     def allocation_of(self, task: Task) -> dict[str, Any]:
-        nodes = sorted({n for c in task.announced if (n := self._node_of.get(c)) is not None})
+        cores = tuple(self.epochs.announced.get(task.name, ()))
+        nodes = sorted({n for c in cores if (n := self._node_of.get(c)) is not None})
         mems = [n for n in nodes if self._allowed_mems is None or n in self._allowed_mems]
-        giving_back = sorted(c for c, r in self.state.revocations.items() if r.task == task.name)
         return {
             "task": task.name,
             "app": task.app,
-            "epoch": task.announced_epoch,
-            "cores": list(task.announced),
+            "epoch": self.epochs.announced_epoch.get(task.name, 0),
+            "cores": list(cores),
             "numa_nodes": nodes,
             "memory_nodes": mems,
-            "releasing": giving_back,
+            "releasing": list(self.epochs.releasing(task.name)),
             "binding": list(self.last_plan.binding.get(task.name, ())) if self.last_plan else [],
         }
 
-    async def _write_allocation(self, holdings: dict[str, tuple[int, ...]], epoch: int) -> None:
-        facts = [f"allocated({atom(n)}, {c})" for n, cores in sorted(holdings.items()) for c in cores]
-        try:
-            # Each replacement is one SKB operation, so no query sees a half-written allocation.
-            await self.skb.replace_system_facts("allocated(_, _)", facts)
-            await self.skb.replace_system_facts("allocation_epoch(_)", [f"allocation_epoch({epoch})"])
-        except Exception as err:
-            log.error("writing allocation epoch %d into the SKB failed: %s", epoch, err)
-
-    # ---- revocation deadlines --------------------------------------------------------------
-    def _arm_deadline(self) -> None:
-        if self._deadline_timer is not None:
-            self._deadline_timer.cancel()
-            self._deadline_timer = None
-        if self.state.revocations and not self.closing:
-            when = min(r.deadline for r in self.state.revocations.values())
-            loop = asyncio.get_running_loop()
-            self._deadline_timer = loop.call_at(when, self._on_deadline)
-
-    def _on_deadline(self) -> None:
-        task = asyncio.create_task(self._expire_revocations())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _expire_revocations(self) -> None:
-        async with self._alloc_lock:
-            now = asyncio.get_running_loop().time()
-            expired = [c for c, r in self.state.revocations.items() if r.deadline <= now + 1e-3]
-            for core in expired:
-                rev = self.state.revocations.pop(core)
-                log.info("task %s did not release CPU %d in time; reassigning it", rev.task, core)
-            await self._announce("revocation deadline passed")
-            self._arm_deadline()  # for revocations announced later, whatever _announce did
-
-    async def acknowledge(self, task: Task, epoch: int) -> list[int]:
-        async with self._alloc_lock:
-            released = sorted(
-                c for c, r in self.state.revocations.items() if r.task == task.name and r.epoch <= epoch
-            )
-            for core in released:
-                del self.state.revocations[core]
-            if released:
-                await self._announce(f"task {task.name} released CPUs {_ranges(released)}")
-            return released
-
-    # ---- enforcement -----------------------------------------------------------------------
-    def _enforce_apply(self, task: Task, cpus: tuple[int, ...]) -> None:
-        if self.closing:  # close() releases every task; nothing may be pinned after it
-            return
-        if not cpus:  # admitted, but its cores are still being given back by others: wait for them
-            log.debug("task %s holds no CPU yet; not pinning it", task.name)
-            return
-        mems = tuple(sorted({n for c in cpus if (n := self._node_of.get(c)) is not None}))
-        try:
-            self.enforcer.apply(task.name, task.pid, cpus, mems)
-        except Exception as err:
-            log.warning("enforcing the allocation of %s (pid %d) failed: %s", task.name, task.pid, err)
-
-    def holdings_of(self, name: str) -> tuple[int, ...]:
-        """CPUs task `name` may run on now (announced plus those it has yet to give back)."""
-        task = self.state.tasks.get(name)
-        if task is None:
-            return ()
-        held = set(task.announced) | {c for c, r in self.state.revocations.items() if r.task == name}
-        return tuple(sorted(held))
-
-    def reapply_all(self) -> None:
-        """Pin every task again (after lost process events: threads may have been missed)."""
-        for task in list(self.state.tasks.values()):
-            self._enforce_apply(task, self.holdings_of(task.name))
-
-    def _enforce_release(self, task: Task) -> None:
-        try:
-            self.enforcer.release(task.name, task.pid)
-        except Exception as err:
-            log.warning("releasing %s (pid %d) failed: %s", task.name, task.pid, err)
-
+    # ---- shutdown --------------------------------------------------------------------------
     async def close(self) -> None:
         self.closing = True
         if self._deadline_timer is not None:
@@ -501,24 +610,21 @@ class ResourceManager:
             log.warning("a recomputation is still running after %g s; releasing the tasks anyway", CLOSE_WAIT_S)
             locked = False
         try:
-            for task in list(self.state.tasks.values()):
-                self._enforce_release(task)
+            for task in list(self.registry.tasks.values()):
+                self._release(task)
         finally:
             if locked:
                 self._alloc_lock.release()
-        self.allocator.close()
+        self._publications.put_nowait(None)
+        try:
+            await asyncio.wait_for(self._publisher, CLOSE_WAIT_S)
+        except (TimeoutError, asyncio.CancelledError):
+            self._publisher.cancel()
+        self.planner.close()
 
 
-def _ranges(cpus: Any) -> str:
-    cpus = sorted(cpus)
-    if not cpus:
-        return "none"
-    out, start, prev = [], cpus[0], cpus[0]
-    for c in cpus[1:] + [None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        out.append(f"{start}-{prev}" if prev != start else f"{start}")
-        if c is not None:
-            start = prev = c
-    return ",".join(out)
+def _without_pins(pub: Publication, pinned: dict[str, tuple[int, ...]]) -> Publication:
+    """``pub`` without the pins already done (the newcomer was pinned before the SKB write)."""
+    from dataclasses import replace
+
+    return replace(pub, repin={n: c for n, c in pub.repin.items() if pinned.get(n) != c})

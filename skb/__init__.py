@@ -1,7 +1,10 @@
 """The System Knowledge Base: SWI-Prolog holding system- and application-level facts."""
 
 from .async_engine import AsyncSKB
-from .engine import SKB, EngineConfig, library_dir
+from .codec import NO_LIMITS, PERSISTENT, Limits, Staged
+from .engine import SKB
 from .errors import CODES, SKBError
+from .session import EngineConfig, library_dir
 
-__all__ = ["SKB", "AsyncSKB", "SKBError", "CODES", "EngineConfig", "library_dir"]
+__all__ = ["SKB", "AsyncSKB", "SKBError", "CODES", "EngineConfig", "library_dir", "Limits", "NO_LIMITS",
+           "PERSISTENT", "Staged"]

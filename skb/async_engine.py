@@ -1,202 +1,194 @@
 """The SKB over asyncio, for the Resource Manager's event loop.
 
-Same operations and semantics as :class:`cod.skb.engine.SKB`.  Requests
-are serialised by a lock (the engine answers one at a time), but waiting
-for an answer never blocks the loop: other clients' I/O goes on while the
-engine works.
+Same operations and semantics as :class:`cod.skb.engine.SKB`, but many
+requests are in flight at once: the engine runs writes on its writer thread
+and queries on a pool of threads, and its replies come back in any order,
+matched to their callers by id.  A slow query therefore delays nobody
+else's request, and the daemon's own writes (the allocation, the live
+state) never wait behind an application's query.
+
+Writes are journalled when their reply arrives, whether or not their caller
+is still waiting, so a caller that gives up (a client that hangs up) cannot
+leave the journal behind the engine.  If the engine dies, every request in
+flight fails with a clean error, a new engine is started and the journal
+replayed; requests made meanwhile wait for it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from . import codec
-from .codec import Op
-from .engine import (
-    MAX_REPLY_BYTES,
-    STARTUP_TIMEOUT_S,
-    WATCHDOG_GRACE_S,
-    EngineConfig,
-    Journal,
-    library_files,
-    machine_prolog,
-)
+from .codec import NO_LIMITS, Limits, Op, Owner, Staged
+from .engine import machine_prolog
 from .errors import SKBError
+from .session import STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
 
 if TYPE_CHECKING:
     from cod.facts.model import Machine
 
 log = logging.getLogger("cod.skb")
 
+# How long a health check waits before the engine is presumed stuck.
+PING_TIMEOUT_S = 5.0
+
+
+class _Pending:
+    __slots__ = ("op", "future", "on_result")
+
+    def __init__(self, op: Op, future: "asyncio.Future[Any] | None",
+                 on_result: Callable[[Any], None] | None = None) -> None:
+        self.op = op
+        self.future = future
+        self.on_result = on_result
+
 
 class _EngineProtocol(asyncio.SubprocessProtocol):
-    """Reply lines from the engine's stdout, handed to one waiter at a time.
+    """Reply lines from the engine's stdout, handed to the engine's dispatcher.
 
-    A bare protocol instead of asyncio streams plus wait_for: on this path
-    every microsecond counts (docs/design.md), and streams cost a task and
-    several wake-ups per line.
-    """
+    A bare protocol instead of asyncio streams: on this path every
+    microsecond counts (docs/design.md), and streams cost a task and several
+    wake-ups per line."""
 
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._lines: collections.deque[bytes] = collections.deque()
-        self._waiter: asyncio.Future[bytes] | None = None
-        self.exited = False
+    def __init__(self, owner: "AsyncSKB") -> None:
+        self.owner = owner
+        self.exited = asyncio.get_running_loop().create_future()
 
     def pipe_data_received(self, fd: int, data: bytes) -> None:
-        if fd != 1:
-            return
-        self._buffer += data
-        if len(self._buffer) > MAX_REPLY_BYTES:
-            self._buffer.clear()
-            self._fail(SKBError("resource", f"reply larger than {MAX_REPLY_BYTES} bytes"))
-            return
-        while True:
-            nl = self._buffer.find(b"\n")
-            if nl < 0:
-                break
-            self._lines.append(bytes(self._buffer[:nl]))
-            del self._buffer[: nl + 1]
-        self._deliver()
-
-    def _deliver(self) -> None:
-        w = self._waiter
-        if w is not None and self._lines and not w.done():
-            self._waiter = None
-            w.set_result(self._lines.popleft())
-
-    def _fail(self, exc: BaseException) -> None:
-        w = self._waiter
-        if w is not None and not w.done():
-            self._waiter = None
-            w.set_exception(exc)
+        if fd == 1:
+            self.owner._on_data(self, data)
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         if fd == 1:
-            self.exited = True
-            self._fail(EOFError())
+            self._exit()
 
     def process_exited(self) -> None:
-        self.exited = True
-        self._fail(EOFError())
+        self._exit()
 
-    def next_line(self, loop: asyncio.AbstractEventLoop) -> "asyncio.Future[bytes]":
-        fut: asyncio.Future[bytes] = loop.create_future()
-        if self._lines:
-            fut.set_result(self._lines.popleft())
-        elif self.exited:
-            fut.set_exception(EOFError())
-        else:
-            self._waiter = fut
-        return fut
-
-
-def _expire(fut: "asyncio.Future[bytes]") -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError())
+    def _exit(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+            self.owner._on_exit(self)
 
 
 class AsyncSKB:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._journal = Journal()
-        self._next_id = 0
+        self._session = Session()
+        self._pending: dict[int, _Pending] = {}
         self._transport: asyncio.SubprocessTransport | None = None
         self._protocol: _EngineProtocol | None = None
         self._stdin: asyncio.WriteTransport | None = None
-        self._lock = asyncio.Lock()
+        self._ready = asyncio.Event()
+        self._startup_line: asyncio.Future[bytes] | None = None
+        self._restarting: asyncio.Task[None] | None = None
+        self._closing = False
         self.restarts = 0
 
     @classmethod
-    async def start(
-        cls,
-        *,
-        query_timeout_s: float = 5.0,
-        inference_limit: int | None = 10_000_000,
-        stack_limit_bytes: int = 256 << 20,
-        load_library: bool = True,
-        library_dir: Path | None = None,
-    ) -> "AsyncSKB":
-        self = cls(
-            EngineConfig(query_timeout_s, inference_limit, stack_limit_bytes, load_library, library_dir)
-        )
+    async def start(cls, config: EngineConfig | None = None, **kwargs: Any) -> "AsyncSKB":
+        self = cls(config or EngineConfig(**kwargs))
         await self._spawn()
-        if load_library:
-            for path in library_files(library_dir):
-                await self._run(codec.load_library(str(path)))
+        self._ready.set()
+        for op in self.config.startup_ops():
+            await self._run(op)
         return self
 
     # ---- lifecycle ---------------------------------------------------
     async def _spawn(self) -> None:
         loop = asyncio.get_running_loop()
+        self._session.reset()
+        self._startup_line = loop.create_future()
         try:
             transport, protocol = await loop.subprocess_exec(
-                _EngineProtocol,
-                *self.config.command(),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=None,
+                lambda: _EngineProtocol(self), *self.config.command(),
+                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
                 start_new_session=True,
             )
         except OSError as err:
-            raise SKBError(
-                "engine", f"cannot start SWI-Prolog ({self.config.swipl}): {err}; install swi-prolog-nox"
-            ) from err
+            raise SKBError("engine", f"cannot start SWI-Prolog ({self.config.swipl}): {err}; "
+                                     "install swi-prolog-nox") from err
         self._transport, self._protocol = transport, protocol
         self._stdin = transport.get_pipe_transport(0)  # type: ignore[assignment]
+        self.config.limit_memory(transport.get_pid())
         try:
-            line = await self._read_line(loop, STARTUP_TIMEOUT_S)
+            line = await asyncio.wait_for(asyncio.shield(self._startup_line), STARTUP_TIMEOUT_S)
         except (TimeoutError, EOFError):
             line = b""
-        if b'"ready"' not in line:
+        if not Session.ready(line):
             await self._kill()
             raise SKBError("engine", f"SWI-Prolog did not start: {line!r}")
-
-    async def _read_line(self, loop: asyncio.AbstractEventLoop, timeout_s: float) -> bytes:
-        assert self._protocol is not None
-        fut = self._protocol.next_line(loop)
-        timer = loop.call_later(timeout_s, _expire, fut)
-        try:
-            return await fut
-        finally:
-            timer.cancel()
 
     async def _kill(self) -> None:
         transport = self._transport
         if transport is None:
             return
-        pid = transport.get_pid()
         if transport.get_returncode() is None:
             try:
-                os.killpg(pid, signal.SIGKILL)
+                os.killpg(transport.get_pid(), signal.SIGKILL)
             except ProcessLookupError:
                 pass
         transport.close()
-        # Reap the child: wait until the transport has seen the exit.
-        for _ in range(200):
+        protocol = self._protocol
+        if protocol is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(protocol.exited), 2.0)
+            except TimeoutError:
+                pass
+        for _ in range(200):  # reap the child: wait until the transport has seen the exit
             if transport.get_returncode() is not None:
                 break
             await asyncio.sleep(0.01)
         self._transport = self._protocol = self._stdin = None
 
+    def _on_exit(self, protocol: _EngineProtocol) -> None:
+        if protocol is not self._protocol:
+            return
+        if self._startup_line is not None and not self._startup_line.done():
+            self._startup_line.set_exception(EOFError())
+        self._fail_pending(SKBError("engine", "the engine died during the request; it was restarted"))
+        if not self._closing and self._ready.is_set():
+            self._begin_restart("the engine exited")
+
+    def _begin_restart(self, why: str) -> None:
+        if self._restarting is not None and not self._restarting.done():
+            return
+        self._ready.clear()
+        log.warning("SKB engine restart: %s", why)
+        self._restarting = asyncio.get_running_loop().create_task(self._restart())
+
     async def _restart(self) -> None:
         await self._kill()
+        self._fail_pending(SKBError("engine", "the engine was restarted during the request"))
+        if self._closing:
+            return
         self.restarts += 1
-        log.warning("SKB engine restarted; replaying %d journal entries", len(self._journal))
-        await self._spawn()
-        for op in self._journal.ops():
+        while not self._closing:
             try:
-                await self._exchange(op, STARTUP_TIMEOUT_S)
-            except (SKBError, EOFError, TimeoutError) as err:
+                await self._spawn()
+                break
+            except SKBError as err:
+                log.error("restarting the SKB engine: %s", err)
+                await asyncio.sleep(1.0)
+        ops = self._session.replay_ops()
+        log.warning("SKB engine restarted; replaying %d journal entries", len(ops))
+        futures = [self._send(op, track_journal=False) for op in ops]
+        for op, fut in zip(ops, futures):
+            try:
+                await asyncio.wait_for(fut, STARTUP_TIMEOUT_S)
+            except (SKBError, TimeoutError) as err:  # each op succeeded before
                 log.error("SKB replay of %s failed: %s", op.text[:80], err)
+        self._ready.set()
 
     async def close(self) -> None:
+        self._closing = True
+        if self._restarting is not None:
+            self._restarting.cancel()
         transport = self._transport
         if transport is None:
             return
@@ -207,49 +199,102 @@ class AsyncSKB:
                 break
             await asyncio.sleep(0.01)
         await self._kill()
+        self._fail_pending(SKBError("engine", "the SKB is closed"))
 
     @property
     def pid(self) -> int | None:
         return self._transport.get_pid() if self._transport else None
 
     # ---- transport ---------------------------------------------------
-    async def _exchange(self, op: Op, timeout_s: float) -> Any:
-        if self._stdin is None or self._protocol is None or self._protocol.exited:
-            raise EOFError
-        self._next_id += 1
-        request_id = self._next_id
-        loop = asyncio.get_running_loop()
-        self._stdin.write(codec.request_line(request_id, op))
-        deadline = loop.time() + timeout_s
-        while True:
-            line = await self._read_line(loop, max(0.0, deadline - loop.time()))
+    def _on_data(self, protocol: _EngineProtocol, data: bytes) -> None:
+        if protocol is not self._protocol:
+            return
+        try:
+            lines = self._session.feed(data)
+        except SKBError as err:
+            log.error("engine output: %s; restarting it", err)
+            self._begin_restart(str(err))
+            return
+        for line in lines:
+            if self._startup_line is not None and not self._startup_line.done():
+                self._startup_line.set_result(line)
+                continue
             try:
-                return codec.decode_reply(line, request_id)
-            except codec.StaleReply:
-                continue  # the answer to a call that was cancelled
+                rid, result = codec.decode_reply(line)
+            except SKBError as err:
+                log.error("%s", err.message)
+                continue
+            pending = self._pending.pop(rid, None)
+            if pending is None:
+                continue  # a reply to a request of an engine that was restarted
+            if pending.on_result is not None and not isinstance(result, SKBError):
+                pending.on_result(result)
+            fut = pending.future
+            if fut is not None and not fut.done():
+                if isinstance(result, SKBError):
+                    fut.set_exception(result)
+                else:
+                    fut.set_result(result)
+
+    def _fail_pending(self, err: SKBError) -> None:
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            if p.future is not None and not p.future.done():
+                p.future.set_exception(err)
+
+    def _send(self, op: Op, *, track_journal: bool = True) -> "asyncio.Future[Any]":
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        if self._stdin is None or self._stdin.is_closing():
+            fut.set_exception(SKBError("engine", "the SKB is not running"))
+            return fut
+        rid, line = self._session.request(op)
+        on_result = self._journal_hook(op) if (track_journal and op.journal) else None
+        self._pending[rid] = _Pending(op, fut, on_result)
+        self._stdin.write(line)
+        return fut
+
+    def _journal_hook(self, op: Op) -> Callable[[Any], None]:
+        def record(_result: Any) -> None:
+            if self._session.succeeded(op):
+                self._compact_soon()
+        return record
+
+    def _compact_soon(self) -> None:
+        """Fold the journal into a snapshot; the writer thread runs it after every write sent before."""
+        if self._stdin is None:
+            return
+        rid, line = self._session.request(codec.snapshot())
+        self._pending[rid] = _Pending(codec.snapshot(), None, self._session.compact)
+        self._stdin.write(line)
 
     async def _run(self, op: Op, timeout_s: float | None = None) -> Any:
-        wait = (timeout_s if timeout_s is not None else self.config.query_timeout_s) + WATCHDOG_GRACE_S
-        async with self._lock:
-            if self._transport is None:
-                raise SKBError("engine", "the SKB is closed")
+        if self._closing:
+            raise SKBError("engine", "the SKB is closed")
+        if not self._ready.is_set():
             try:
-                result = await self._exchange(op, wait)
+                await asyncio.wait_for(self._ready.wait(), STARTUP_TIMEOUT_S)
             except TimeoutError:
-                await self._restart()
-                raise SKBError(
-                    "timeout", f"the engine did not answer within {wait:.1f} s; it was restarted"
-                ) from None
-            except EOFError:
-                await self._restart()
-                raise SKBError("engine", "the engine died during the request; it was restarted") from None
-            if op.journal:
-                self._journal.record(op)
-                if self._journal.needs_compaction():
-                    self._journal.compact(await self._exchange(codec.snapshot(), STARTUP_TIMEOUT_S))
-            return result
+                raise SKBError("engine", "the engine is restarting and did not come back in time") from None
+        wait = (self.config.query_timeout_s if timeout_s is None else timeout_s) + WATCHDOG_GRACE_S
+        fut = self._send(op)
+        try:
+            return await asyncio.wait_for(fut, wait)
+        except TimeoutError:
+            # The request stays known (its late reply is dropped); check the engine is alive.
+            asyncio.get_running_loop().create_task(self._health_check())
+            raise SKBError("timeout", f"the engine did not answer within {wait:.1f} s") from None
 
-    # ---- operations (see SKB for their meaning) -----------------------
+    async def _health_check(self) -> None:
+        if not self._ready.is_set():
+            return
+        try:
+            await asyncio.wait_for(self._send(codec.PING), PING_TIMEOUT_S)
+        except (TimeoutError, SKBError):
+            if not self._closing:
+                self._begin_restart("it did not answer a ping")
+
+    # ---- system-level facts ------------------------------------------
     async def load_machine(self, machine: "Machine") -> int:
         return int(await self._run(codec.load_system(machine_prolog(machine))))
 
@@ -265,14 +310,31 @@ class AsyncSKB:
     async def replace_system_facts(self, pattern: str, facts: list[str]) -> int:
         return int(await self._run(codec.replace_system_facts(pattern, list(facts))))
 
-    async def add_facts(self, app: str, facts: list[str]) -> int:
-        return int(await self._run(codec.add_facts(app, list(facts))))
+    async def replace_many(self, replacements: Mapping[str, Iterable[str]]) -> int:
+        """Several replacements as one change: no reader sees some done and others not."""
+        return int(await self._run(codec.replace_many(replacements)))
 
-    async def remove_facts(self, app: str, pattern: str) -> int:
-        return int(await self._run(codec.remove_facts(app, pattern)))
+    async def batch(self, ops: list[Op]) -> list[Any]:
+        """Several writes as one transaction: all or nothing."""
+        return list(await self._run(codec.batch(ops)))
 
-    async def add_procedure(self, app: str, text: str) -> list[str]:
-        return list(await self._run(codec.add_procedure(app, text)))
+    # ---- application facts and procedures ------------------------------
+    async def add_facts(self, app: str, owner: Owner, facts: list[str],
+                        limits: Limits = NO_LIMITS) -> dict[str, Any]:
+        return dict(await self._run(codec.add_facts(app, owner, list(facts), limits)))
+
+    async def remove_facts(self, app: str, patterns: list[str]) -> dict[str, Any]:
+        return dict(await self._run(codec.remove_facts(app, list(patterns))))
+
+    async def add_procedure(self, app: str, text: str, persistent: bool = False,
+                            limits: Limits = NO_LIMITS) -> dict[str, Any]:
+        return dict(await self._run(codec.add_procedure(app, text, persistent, limits)))
+
+    async def drop_owner(self, app: str, owner: Owner) -> dict[str, Any]:
+        return dict(await self._run(codec.drop_owner(app, owner)))
+
+    async def release_app(self, app: str) -> dict[str, Any]:
+        return dict(await self._run(codec.release_app(app)))
 
     async def drop_app(self, app: str) -> None:
         await self._run(codec.drop_app(app))
@@ -280,34 +342,41 @@ class AsyncSKB:
     async def list_facts(self, app: str, predicate: str | None = None) -> list[str]:
         return list(await self._run(codec.list_facts(app, predicate)))
 
+    async def list_procedures(self, app: str) -> list[str]:
+        return list(await self._run(codec.list_procedures(app)))
+
+    async def usage(self, app: str) -> dict[str, int]:
+        return dict(await self._run(codec.usage(app)))
+
     async def load_library(self, path: str | Path) -> list[str]:
         return list(await self._run(codec.load_library(str(Path(path).resolve()))))
 
-    async def query(
-        self,
-        app: str,
-        goal: str,
-        *,
-        all_solutions: bool = True,
-        timeout_s: float | None = None,
-        max_solutions: int = 10_000,
-    ) -> dict[str, Any]:
+    # ---- capabilities of the direct channel -----------------------------
+    async def grant(self, token: str, app: str) -> None:
+        await self._run(codec.grant(token, app))
+
+    async def revoke(self, token: str) -> None:
+        await self._run(codec.revoke(token))
+
+    # ---- queries --------------------------------------------------------
+    async def query(self, app: str, goal: str, *, all_solutions: bool = True, timeout_s: float | None = None,
+                    max_solutions: int = 10_000) -> dict[str, Any]:
         op, timeout = self.config.query_op(app, goal, all_solutions, timeout_s, max_solutions)
         return dict(await self._run(op, timeout))
 
-    async def execute_query(
-        self,
-        app: str,
-        goal: str,
-        *,
-        all_solutions: bool = True,
-        timeout_s: float | None = None,
-        max_solutions: int = 10_000,
-    ) -> list[dict[str, Any]]:
-        answer = await self.query(
-            app, goal, all_solutions=all_solutions, timeout_s=timeout_s, max_solutions=max_solutions
-        )
+    async def execute_query(self, app: str, goal: str, *, all_solutions: bool = True,
+                            timeout_s: float | None = None, max_solutions: int = 10_000) -> list[dict[str, Any]]:
+        answer = await self.query(app, goal, all_solutions=all_solutions, timeout_s=timeout_s,
+                                  max_solutions=max_solutions)
         return list(answer["solutions"])
 
+    async def evaluate(self, app: str, staged: Staged, queries: list[tuple[str, str]], *,
+                       timeout_s: float | None = None) -> list[dict[str, Any]]:
+        """Each query's first value as the namespace would be after ``staged`` (nothing changes)."""
+        timeout = self.config.query_timeout_s if timeout_s is None else min(timeout_s, self.config.query_timeout_s)
+        op = codec.evaluate(app, staged, queries, timeout_s=timeout, inference_limit=self.config.inference_limit)
+        # Every query may run for its whole time limit.
+        return list(await self._run(op, timeout * max(1, len(queries)) + 1.0))
+
     async def ping(self) -> None:
-        await self._run(Op("ping"))
+        await self._run(codec.PING)

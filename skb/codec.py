@@ -1,9 +1,11 @@
-"""The pipe protocol between Python and the swipl child (no I/O here).
+"""The operations of the SKB server's control channel, as Prolog text (no I/O here).
 
 Requests are Prolog terms, one per line: ``req(Id, Operation).``  User text
-(facts, clauses, goals) travels inside Prolog string literals and is parsed
-by the engine, so nothing the user sends is ever read as a request.
-Replies are one JSON object per line (skb/prolog/cod_server.pl).
+(facts, clauses, goals, names) travels inside Prolog string literals or
+quoted atoms written by :mod:`cod.protocol.prolog_text`, and is parsed by
+the engine, so nothing a user sends is ever read as a request.  Replies are
+one JSON object per line (skb/prolog/cod_server.pl), in any order: the
+engine runs queries on many threads.
 """
 
 from __future__ import annotations
@@ -12,109 +14,173 @@ import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
+
+from cod.protocol.names import name_problem
+from cod.protocol.prolog_text import PrologTextError, atom, string, string_list
 
 from .errors import SKBError
 
-APP_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}\Z")
-
-_PLAIN = re.compile(r'[^\\"\x00-\x1f\x7f]*')
-_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def prolog_string(text: str) -> str:
-    """``text`` as a double-quoted Prolog string literal (ISO escapes)."""
-    if not isinstance(text, str):
-        raise SKBError("invalid", f"expected a string, got {type(text).__name__}")
-    if _PLAIN.fullmatch(text):
-        return f'"{text}"'
-    out = ['"']
-    for ch in text:
-        esc = _ESCAPES.get(ch)
-        if esc is not None:
-            out.append(esc)
-        elif ch < " " or ch == "\x7f":
-            out.append(f"\\x{ord(ch):x}\\")
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
-
-
-def prolog_string_list(texts: Iterable[str]) -> str:
-    return "[" + ",".join(prolog_string(t) for t in texts) + "]"
-
 
 def app_atom(app: str) -> str:
-    if not isinstance(app, str) or not APP_NAME.match(app):
-        raise SKBError(
-            "invalid",
-            f"invalid application name {app!r}: use [a-z][a-z0-9_]*, at most 64 characters",
-        )
-    return app
+    problem = name_problem(app)
+    if problem is not None:
+        raise SKBError("invalid", f"invalid application name {app!r}: {problem}")
+    return atom(app)
 
 
 def number(value: float | int, what: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise SKBError("invalid", f"{what} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise SKBError("invalid", f"{what} must be a finite positive number, got {value!r}")
     return f"{value:.6f}" if isinstance(value, float) else str(value)
 
 
 @dataclass(frozen=True)
-class Op:
-    """One engine operation: its Prolog text and how the journal keeps it.
+class Limits:
+    """How much an application may hold after a write (None: no limit)."""
 
-    ``journal`` is None for reads; otherwise a key: replaying the journal
-    after an engine restart rebuilds the state, and a newer entry with the
-    same ``replaces`` key makes older ones obsolete.
+    facts: int | None = None
+    fact_chars: int | None = None
+    clauses: int | None = None
+    clause_chars: int | None = None
+
+    def text(self) -> str:
+        if self == NO_LIMITS:
+            return "none"
+        big = 1 << 62
+        values = (self.facts, self.fact_chars, self.clauses, self.clause_chars)
+        return "limits(" + ",".join(str(big if v is None else max(0, v)) for v in values) + ")"
+
+
+NO_LIMITS = Limits()
+
+# A fact is held by a connection of its application (an integer id) or kept
+# after the application's last connection leaves.
+PERSISTENT = "persistent"
+Owner = int | str
+
+
+def owner_term(owner: Owner) -> str:
+    if owner == PERSISTENT:
+        return "persistent"
+    if isinstance(owner, int) and not isinstance(owner, bool) and owner >= 0:
+        return f"conn({owner})"
+    raise SKBError("invalid", f"a fact's owner is a connection id or {PERSISTENT!r}, not {owner!r}")
+
+
+@dataclass(frozen=True)
+class Op:
+    """One engine operation: its Prolog text, and how the journal keeps it.
+
+    ``journal`` is False for reads; a write is journalled so that a restarted
+    engine can be rebuilt.  ``replaces`` are keys: a newer entry with a key
+    makes older entries with that key obsolete.  ``app`` is the application
+    the operation concerns (``drop_app`` forgets all its entries).
     """
 
     text: str
     journal: bool = False
     app: str | None = None
-    replaces: str | None = None
+    replaces: frozenset[str] = frozenset()
+    drops: frozenset[str] = frozenset()  # keys whose entries this one cancels (and is not kept itself)
 
 
+def _system(text: str, *replaces: str) -> Op:
+    return Op(text, True, replaces=frozenset(replaces))
+
+
+# ---- system-level facts (the Resource Manager and administrators) ------------------------------
 def load_system(prolog_text: str) -> Op:
-    return Op(f"load_system({prolog_string(prolog_text)})", True, replaces="load_system")
+    return _system(f"load_system({string(prolog_text)})", "load_system")
 
 
-def add_system_facts(facts: list[str]) -> Op:
-    return Op(f"add_system_facts({prolog_string_list(facts)})", True)
+def add_system_facts(facts: Iterable[str]) -> Op:
+    return _system(f"add_system_facts({string_list(facts)})")
 
 
 def remove_system_facts(pattern: str) -> Op:
-    return Op(f"remove_system_facts({prolog_string(pattern)})", True)
+    return _system(f"remove_system_facts({string(pattern)})")
 
 
-def replace_system_facts(pattern: str, facts: list[str]) -> Op:
-    return Op(
-        f"replace_system_facts({prolog_string(pattern)},{prolog_string_list(facts)})",
-        True,
-        replaces=f"replace:{pattern}",
-    )
+def replace_system_facts(pattern: str, facts: Iterable[str]) -> Op:
+    return _system(f"replace_system_facts({string(pattern)},{string_list(facts)})", f"replace:{pattern}")
 
 
-def add_facts(app: str, facts: list[str]) -> Op:
-    return Op(f"add_facts({app_atom(app)},{prolog_string_list(facts)})", True, app=app)
+def replace_many(replacements: Mapping[str, Iterable[str]]) -> Op:
+    """Several replacements in one transaction: no reader sees some done and others not."""
+    pairs = ",".join(f"{string(p)}-{string_list(f)}" for p, f in replacements.items())
+    return _system(f"replace_many([{pairs}])", *(f"replace:{p}" for p in replacements))
 
 
-def remove_facts(app: str, pattern: str) -> Op:
-    return Op(f"remove_facts({app_atom(app)},{prolog_string(pattern)})", True, app=app)
+def restore_system(facts: list[str]) -> Op:
+    return _system(f"restore_system({string_list(facts)})", "system")
 
 
-def add_procedure(app: str, text: str) -> Op:
-    return Op(f"add_procedure({app_atom(app)},{prolog_string(text)})", True, app=app)
+# ---- application facts and procedures ----------------------------------------------------------
+def add_facts(app: str, owner: Owner, facts: Iterable[str], limits: Limits = NO_LIMITS) -> Op:
+    return Op(f"add_facts({app_atom(app)},{owner_term(owner)},{string_list(facts)},{limits.text()})",
+              True, app=app)
+
+
+def remove_facts(app: str, patterns: Iterable[str]) -> Op:
+    return Op(f"remove_facts({app_atom(app)},{string_list(patterns)})", True, app=app)
+
+
+def add_procedure(app: str, text: str, persistent: bool = False, limits: Limits = NO_LIMITS) -> Op:
+    flag = "true" if persistent else "false"
+    return Op(f"add_procedure({app_atom(app)},{string(text)},{flag},{limits.text()})", True, app=app)
+
+
+def drop_owner(app: str, owner: Owner) -> Op:
+    return Op(f"drop_owner({app_atom(app)},{owner_term(owner)})", True, app=app)
+
+
+def release_app(app: str) -> Op:
+    return Op(f"release_app({app_atom(app)})", True, app=app)
 
 
 def drop_app(app: str) -> Op:
-    return Op(f"drop_app({app_atom(app)})", True, app=app)
+    return Op(f"drop_app({app_atom(app)})", True, app=app, drops=frozenset({f"app:{app}"}))
+
+
+def restore_app(app: str, state: Mapping[str, Any]) -> Op:
+    facts = ",".join(
+        f"{string(text)}-[{','.join(owner_term(o) for o in owners)}]" for text, owners in state.get("facts", []))
+    procs = ",".join(f"{string(text)}-{'true' if p else 'false'}" for text, p in state.get("procedures", []))
+    return Op(f"restore_app({app_atom(app)},state([{facts}],[{procs}]))", True, app=app)
 
 
 def load_library(path: str) -> Op:
-    return Op(f"load_library({prolog_string(path)})", True)
+    return Op(f"load_library({string(path)})", True)
 
 
+def batch(ops: list[Op]) -> Op:
+    """Several writes as one: all or nothing, and no reader sees part of them."""
+    if any(not o.journal or o.text.startswith(("batch(", "snapshot")) for o in ops):
+        raise SKBError("invalid", "only single writes can be batched")
+    apps = {o.app for o in ops}
+    return Op(f"batch([{','.join(o.text for o in ops)}])", True,
+              app=apps.pop() if len(apps) == 1 else None,
+              replaces=frozenset().union(*(o.replaces for o in ops)) if all(o.replaces for o in ops) else frozenset())
+
+
+# ---- the direct channel's capabilities ---------------------------------------------------------
+_TOKEN = re.compile(r"[0-9a-f]{16,128}\Z")
+
+
+def grant(token: str, app: str) -> Op:
+    if not _TOKEN.match(token):
+        raise SKBError("invalid", "a capability token is 16..128 lower-case hex digits")
+    return Op(f"grant({atom(token)},{app_atom(app)})", True, replaces=frozenset({f"token:{token}"}))
+
+
+def revoke(token: str) -> Op:
+    if not _TOKEN.match(token):
+        raise SKBError("invalid", "a capability token is 16..128 lower-case hex digits")
+    return Op(f"revoke({atom(token)})", True, drops=frozenset({f"token:{token}"}))
+
+
+# ---- reads -------------------------------------------------------------------------------------
 def list_facts(app: str, predicate: str | None) -> Op:
     if predicate is None:
         sel = "all"
@@ -126,23 +192,56 @@ def list_facts(app: str, predicate: str | None) -> Op:
     return Op(f"list_facts({app_atom(app)},{sel})")
 
 
-def query(
-    app: str,
-    goal: str,
-    *,
-    all_solutions: bool,
-    max_solutions: int,
-    timeout_s: float,
-    inference_limit: int | None,
-) -> Op:
+def list_procedures(app: str) -> Op:
+    return Op(f"list_procedures({app_atom(app)})")
+
+
+def usage(app: str) -> Op:
+    return Op(f"usage({app_atom(app)})")
+
+
+def query(app: str, goal: str, *, all_solutions: bool, max_solutions: int, timeout_s: float,
+          inference_limit: int | None) -> Op:
     opts = _query_options(all_solutions, max_solutions, timeout_s, inference_limit)
-    return Op(f"query({app_atom(app)},{prolog_string(goal)},{opts})")
+    return Op(f"query({app_atom(app)},{string(goal)},{opts})")
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A change evaluate() applies in a discarded snapshot before reading queries."""
+
+    facts: tuple[str, ...] = ()
+    owner: Owner = PERSISTENT
+    procedures: tuple[tuple[str, bool], ...] = ()  # (text, persistent)
+    limits: Limits = NO_LIMITS
+
+
+def evaluate(app: str, staged: Staged, queries: Iterable[tuple[str, str]], *, timeout_s: float,
+             inference_limit: int | None) -> Op:
+    """Each (goal, var) query's first value of var, as the namespace would be after ``staged``."""
+    changes = [f"procedure({string(t)},{'true' if p else 'false'},{staged.limits.text()})"
+               for t, p in staged.procedures]
+    if staged.facts:
+        changes.append(f"facts({owner_term(staged.owner)},{string_list(staged.facts)},{staged.limits.text()})")
+    qs = ",".join(f"query({string(g)},{string(v)})" for g, v in queries)
+    opts = _query_options(False, 1, timeout_s, inference_limit)
+    return Op(f"evaluate({app_atom(app)},[{','.join(changes)}],[{qs}],{opts})")
+
+
+def time_query(app: str, goal: str, times: int) -> Op:
+    return Op(f"time_query({app_atom(app)},{string(goal)},{number(times, 'times')})")
+
+
+def snapshot() -> Op:
+    return Op("snapshot")
+
+
+PING = Op("ping")
+STATS = Op("stats")
 
 
 @lru_cache(maxsize=64)
-def _query_options(
-    all_solutions: bool, max_solutions: int, timeout_s: float, inference_limit: int | None
-) -> str:
+def _query_options(all_solutions: bool, max_solutions: int, timeout_s: float, inference_limit: int | None) -> str:
     # Cached: queries nearly always use the same options, and this is on the hot path.
     opts = [
         f"all({'true' if all_solutions else 'false'})",
@@ -154,44 +253,31 @@ def _query_options(
     return "[" + ",".join(opts) + "]"
 
 
-def snapshot() -> Op:
-    return Op("snapshot")
-
-
-def restore_system(facts: list[str]) -> Op:
-    return Op(f"restore_system({prolog_string_list(facts)})", True, replaces="system")
-
-
-def time_query(app: str, goal: str, times: int) -> Op:
-    return Op(f"time_query({app_atom(app)},{prolog_string(goal)},{number(times, 'times')})")
-
-
 def request_line(request_id: int, op: Op) -> bytes:
     return f"req({request_id},{op.text}).\n".encode("utf-8")
 
 
-class StaleReply(Exception):
-    """The reply to an earlier request whose caller gave up waiting (cancelled)."""
+def encode_request(request_id: int, op: Op) -> bytes:
+    try:
+        return request_line(request_id, op)
+    except UnicodeEncodeError as err:
+        raise SKBError("invalid", f"text holds an unpaired surrogate: {err.reason}") from None
 
 
-def decode_reply(line: bytes, request_id: int) -> Any:
-    """The ``ok`` value of a reply line, or raise its :class:`SKBError`.
-
-    Raises :class:`StaleReply` for the answer to an earlier request: the
-    caller skips it and reads on, so one abandoned call cannot shift every
-    later answer onto the wrong request."""
+def decode_reply(line: bytes) -> tuple[int, Any]:
+    """(request id, result) of a reply line; the result of an error reply is its :class:`SKBError`."""
     try:
         reply = json.loads(line)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise SKBError("engine", f"unreadable reply from the engine: {line[:200]!r}") from err
-    rid = reply.get("id")
-    if isinstance(rid, int) and 0 < rid < request_id:
-        raise StaleReply(rid)
-    if rid != request_id:
-        raise SKBError("engine", f"reply for request {reply.get('id')} while waiting for {request_id}")
+    rid = reply.get("id") if isinstance(reply, dict) else None
+    if not isinstance(rid, int):
+        raise SKBError("engine", f"reply without a request id: {line[:200]!r}")
     if "ok" in reply:
-        return reply["ok"]
+        return rid, reply["ok"]
     err = reply.get("error") or {}
-    raise SKBError(
-        str(err.get("code", "engine")), str(err.get("message", "unknown error")), err.get("data") or {}
-    )
+    return rid, SKBError(str(err.get("code", "engine")), str(err.get("message", "unknown error")),
+                         err.get("data") or {})
+
+
+__all__ = ["Op", "Limits", "NO_LIMITS", "PERSISTENT", "Staged", "SKBError", "PrologTextError"]

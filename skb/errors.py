@@ -4,27 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-# Codes the engine reports; clients switch on these, not on messages.
-CODES = frozenset(
-    {
-        "syntax_error",  # a fact, clause or goal does not parse (data: line, column)
-        "unsafe",  # rejected by the sandbox (data: predicate)
-        "timeout",  # the query ran past its time limit
-        "resource",  # inference or memory limit reached
-        "existence",  # unknown procedure
-        "permission",  # redefining a system/library predicate, writing another namespace
-        "type",
-        "domain",
-        "instantiation",
-        "evaluation",
-        "failed",
-        "invalid",  # bad arguments caught on the Python side
-        "engine",  # the engine itself failed (and was restarted)
-    }
-)
+from cod.protocol.errors import CodError
+from cod.protocol.jsonrpc import SKB_CODES
+
+# Codes the engine reports; clients switch on these, not on messages.  The
+# order of SKB_CODES gives each its number on the wire (cod.protocol.jsonrpc).
+CODES = frozenset(SKB_CODES) | {"failed"}
 
 
-class SKBError(Exception):
+class SKBError(CodError):
     """An SKB operation failed.  ``code`` is one of :data:`CODES`."""
 
     def __init__(self, code: str, message: str, data: dict[str, Any] | None = None) -> None:

@@ -368,19 +368,17 @@ def test_migrate_pages_on_a_real_process(spawn):
 
 
 @two_cpus
-def test_per_pid_hook_for_the_rm(state_dir, spawn):
-    from cod.rm.enforce.hook import EnforcerHook
+def test_a_task_whose_pid_set_shrinks_gives_the_dropped_pid_its_mask_back(state_dir, spawn):
+    # The RM passes a task's current pids on every apply (its own and its children's).
     a, b = spawn(2, "sleep"), spawn(2, "sleep")
     before = {a.pid: thread_masks(a.pid), b.pid: thread_masks(b.pid)}
     with AffinityEnforcer(state_dir) as enf:
-        hook = EnforcerHook(enf)
-        hook.apply("db", a.pid, (CPUS[0],), (0,))
-        hook.apply("db", b.pid, (CPUS[1],), (0,))  # the task's cores, for both of its pids
+        enf.apply("db", [a.pid, b.pid], (CPUS[1],), (0,))
         assert set(thread_masks(a.pid).values()) == set(thread_masks(b.pid).values()) == {str(CPUS[1])}
-        hook.release("db", a.pid)
+        enf.apply("db", [b.pid], (CPUS[1],), (0,))
         assert thread_masks(a.pid) == before[a.pid]
         assert set(thread_masks(b.pid).values()) == {str(CPUS[1])}
-        hook.release("db", b.pid)
+        enf.release("db")
         assert thread_masks(b.pid) == before[b.pid] and enf.tasks() == {}
 
 

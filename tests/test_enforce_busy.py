@@ -105,14 +105,17 @@ QUIET, NOISE, HOG = 0, 5, 20
     # a hog: scan 1 = baseline, scans 2-3 fill the window of 2; once reported it is
     # followed alone (its time is explained), so scanning stops
     ([HOG] * 7, 3, [False, False, False, True, True, True, True]),
-    # a hog that goes quiet stays reported until it has been quiet for the window
+    # a hog that goes quiet stays reported until it has been quiet for the quiet window (2 here)
     ([HOG] * 4 + [QUIET] * 3, 3, [False, False, False, True, True, True, False]),
+    # hysteresis: a hog measured just under the threshold (it shares its CPU) is not forgotten,
+    # only one below half the threshold for the quiet window is
+    ([HOG] * 4 + [NOISE * 2] * 3, 3, [False, False, False, True, True, True, True]),
 ])
 def test_full_scan_only_when_cpu_time_is_unexplained(tmp_path, spawn, other_ticks, scans, reported):
     registered, other = 7, spawn(1, "sleep").pid  # a real pid, so its affinity can be read
     t = [0.0]
     det = BusyDetector(threshold=0.15, window=2, registered=lambda: {registered}, proc=str(tmp_path),
-                       clock=lambda: t[0])
+                       clock=lambda: t[0], quiet_window=2)
     det.me = 1  # this process's own ticks are not in the fake tree
     busy, reg, oth = 0, 0, 0
     seen = []

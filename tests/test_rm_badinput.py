@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from cod.rm import jsonrpc as rpc
+from cod.protocol import jsonrpc as rpc
 from test_rm_support import RawConn, start_daemon
 
 
@@ -83,8 +83,10 @@ def test_unframeable_stream_gets_one_error_then_a_hang_up(daemon, bystander, pay
         (b'{"jsonrpc": "2.0", "id": 7, "method": "add_facts", "params": {"facts": "x(1)"}}', rpc.INVALID_PARAMS,
          "list of strings"),
         (b'{"jsonrpc": "2.0", "id": 8, "method": "hello", "params": [1]}', rpc.INVALID_REQUEST, "params"),
-        (b'{"jsonrpc": "2.0", "id": 9, "method": "register_task", "params": {"name": "Bad Name"}}',
-         rpc.INVALID_PARAMS, "must match"),
+        (b'{"jsonrpc": "2.0", "id": 9, "method": "register_task", "params": {"name": "bad\\u0007name"}}',
+         rpc.INVALID_PARAMS, "control character U+0007"),
+        (b'{"jsonrpc": "2.0", "id": 10, "method": "register_task", "params": {"name": ""}}',
+         rpc.INVALID_PARAMS, "must not be empty"),
     ],
 )
 def test_bad_messages_get_a_clear_error_and_the_connection_stays_usable(daemon, bystander, body, code, needle):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cod.rm import jsonrpc as rpc
+from cod.protocol import jsonrpc as rpc
 from test_rm_support import COD, RawConn, as_user, magny, start_daemon  # noqa: F401  (magny is a fixture)
 
 NOBODY = 65534

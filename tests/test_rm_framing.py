@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from cod.rm.framing import MAX_FRAME_BYTES, FrameDecoder, FrameTooLarge, encode, encode_body
+from cod.protocol.framing import MAX_FRAME_BYTES, FrameDecoder, FrameTooLarge, encode, encode_body
 
 
 @pytest.mark.parametrize("message", [{}, {"a": 1}, [1, 2, 3], "ünïcødé", {"facts": ["x(1)"] * 1000}])

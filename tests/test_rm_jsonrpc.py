@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from cod.rm import jsonrpc as rpc
-from cod.rm.jsonrpc import Params, RpcError, parse_request
+from cod.protocol import jsonrpc as rpc
+from cod.protocol.jsonrpc import Params, RpcError, parse_request
 
 
 def body(obj) -> bytes:

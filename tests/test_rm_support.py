@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cod.rm.framing import FrameDecoder, encode
+from cod.protocol.framing import FrameDecoder, encode
 
 COD = [sys.executable, "-m", "cod.cli.main"]
 

@@ -59,6 +59,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="log verbosity on stderr (default: info)")
     p.add_argument("--revoke-deadline", dest="revoke_deadline_s", type=float, default=None, metavar="SECONDS",
                    help="grace time a task gets to give back cores taken from it (default: 2)")
+    p.add_argument("--busy-scope", default=None, metavar="SCOPE",
+                   help="which unregistered processes may be reported and confined: all, uids:UID,..., "
+                        "cgroup:/path or descendants:PID (default: all)")
+    p.add_argument("--set", dest="sets", action="append", default=None, metavar="KEY=VALUE",
+                   help="any setting of the TOML file (docs/running.md), e.g. --set app_max_facts=5000; repeatable")
     p.set_defaults(func=run)
 
 
@@ -70,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = build_config(
             args.config,
+            args.sets,
+            busy_scope=args.busy_scope,
             socket=args.socket,
             machine=args.machine,
             hwloc=args.hwloc,

@@ -4,7 +4,7 @@ from .client import Client
 from .errors import (
     AdmissionRefused,
     AlreadyExists,
-    CODError,
+    CodError,
     ConnectionLost,
     InvalidRequest,
     NotConnected,
@@ -13,7 +13,10 @@ from .errors import (
     ProtocolMismatch,
     QueryTimeout,
     RMError,
-    SKBError,
+    KnowledgeBaseError,
+    QuotaExceeded,
+    TimedOut,
+    TooBusy,
     ShuttingDown,
     UnsafeGoal,
 )
@@ -22,8 +25,8 @@ from .paper import add_procedure, rsmgr_client_connect, rsmgr_register_fn, skb_a
 connect = Client.connect
 
 __all__ = [
-    "AdmissionRefused", "AlreadyExists", "CODError", "Client", "ConnectionLost", "InvalidRequest",
+    "AdmissionRefused", "AlreadyExists", "CodError", "Client", "ConnectionLost", "InvalidRequest",
     "NotConnected", "NotFound", "PermissionDenied", "ProtocolMismatch", "QueryTimeout", "RMError",
-    "SKBError", "ShuttingDown", "UnsafeGoal", "add_procedure", "connect", "rsmgr_client_connect",
+    "KnowledgeBaseError", "QuotaExceeded", "ShuttingDown", "TimedOut", "TooBusy", "UnsafeGoal", "add_procedure", "connect", "rsmgr_client_connect",
     "rsmgr_register_fn", "skb_add_fact", "skb_add_fn", "skb_execute_query",
 ]

@@ -1,12 +1,20 @@
 """The Python client of the COD Resource Manager.
 
-One socket per `Client`.  A background reader thread matches replies to calls
-by id and queues upcalls; upcall handlers run either on a handler thread
-(`handlers="thread"`, the default) or in the caller's own loop
-(`handlers="manual"`: watch `fileno()`, call `dispatch()`).  The client
-remembers what it told the daemon (facts, procedures, tasks, subscriptions) and,
-when the daemon restarts, reconnects and replays it, so an application
-survives an RM restart without code of its own.
+One socket per `Client` to the daemon.  A background reader thread matches
+replies to calls by id and queues upcalls; upcall handlers run either on a
+handler thread (`handlers="thread"`, the default) or in the caller's own loop
+(`handlers="manual"`: watch `fileno()`, call `dispatch()`).
+
+Queries take a shorter road when the daemon offers it: a second socket
+straight to the SKB server (the direct channel, docs/protocol.md), on which
+the calling thread sends the query and reads its answer itself.  Everything
+else goes through the daemon, which owns recomputation and upcalls.  When
+the direct channel fails, the query goes through the daemon instead.
+
+The client remembers what it holds on the daemon (facts, procedures, tasks,
+subscriptions; compacted, see :mod:`.state`) and, when the daemon restarts,
+reconnects and puts it back, so an application survives an RM restart without
+code of its own.
 """
 
 from __future__ import annotations
@@ -22,21 +30,23 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cod.rm.config import default_socket_path
-from cod.rm.framing import MAX_FRAME_BYTES, FrameDecoder, FrameError, encode
+from cod.protocol.framing import MAX_FRAME_BYTES, FrameDecoder, FrameError, encode
+from cod.protocol.jsonrpc import PROTOCOL_VERSION, SHUTDOWN_EVENT
+from cod.protocol.paths import default_socket_path
 
 from .errors import (
-    CODError,
+    CodError,
     ConnectionLost,
     NotConnected,
     ProtocolMismatch,
     RMError,
     error_from_reply,
 )
+from .state import HeldState
 
 log = logging.getLogger("cod.client")
 
-PROTOCOL_VERSION = 1
+CLIENT_NAME = "cod.client/0.2"
 Handler = Callable[[dict[str, Any]], Any]
 
 
@@ -98,9 +108,10 @@ class Client:
         self._new_sock: socket.socket | None = None  # during a reconnection, until the replay is done
         # What to replay after a reconnection.
         self._state_lock = threading.RLock()
-        self._procedures: list[tuple[str, bool]] = []
-        self._fact_ops: list[tuple[str, list[str], str, bool]] = []  # (op, facts/patterns, scope, persistent)
-        self._tasks: dict[str, dict[str, Any]] = {}
+        self._held = HeldState()
+        self._direct: _DirectChannel | None = None
+        self._direct_retry_at = 0.0
+        self.direct_queries = True  # use the direct channel when the daemon offers one
         self._task_handlers: dict[str, Handler | None] = {}
         self._subs: dict[int, _Subscription] = {}  # local id -> subscription
         self._local_sub_ids = itertools.count(1)
@@ -137,7 +148,7 @@ class Client:
     def _open(self, sock: socket.socket, *, ready: bool = True) -> None:
         """Say hello on a fresh socket (synchronously, before the reader thread reads it)."""
         decoder = FrameDecoder(MAX_FRAME_BYTES)
-        params: dict[str, Any] = {"version": PROTOCOL_VERSION, "client": "cod.client/0.1"}
+        params: dict[str, Any] = {"version": PROTOCOL_VERSION, "client": CLIENT_NAME}
         if self.app is not None:
             params["app"] = self.app
         try:
@@ -150,6 +161,7 @@ class Client:
         self.app = info["app"]
         self.server_info = info
         self._decoder = decoder
+        self._open_direct(info.get("skb"))
         if ready:
             self._sock = sock
             self._connected.set()
@@ -175,13 +187,13 @@ class Client:
     def fileno(self) -> int:
         """A descriptor that becomes readable when upcalls wait for `dispatch()` (handlers="manual")."""
         if not self._manual:
-            raise CODError("fileno() is for handlers='manual'; this client runs handlers on its own thread")
+            raise CodError("fileno() is for handlers='manual'; this client runs handlers on its own thread")
         return self._wake_r
 
     def dispatch(self, timeout: float | None = 0.0) -> int:
         """Run the handlers of waiting upcalls in this thread; returns how many ran."""
         if not self._manual:
-            raise CODError("dispatch() is for handlers='manual'")
+            raise CodError("dispatch() is for handlers='manual'")
         ran = 0
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -205,6 +217,9 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        if self._direct is not None:
+            self._direct.close()
+            self._direct = None
         for sock in (self._sock, self._new_sock):
             if sock is None:
                 continue
@@ -235,12 +250,12 @@ class Client:
     def call(self, method: str, params: dict[str, Any] | None = None, *, timeout_s: float | None = None) -> Any:
         """Send one request and wait for its result; an error reply raises the matching RMError."""
         if self._closed:
-            raise CODError("client is closed")
+            raise CodError("client is closed")
         timeout = self.call_timeout_s if timeout_s is None else timeout_s
         if not self._connected.is_set() and not self._connected.wait(self.reconnect_timeout_s):
             raise NotConnected(f"the RM on {self.path} did not come back")
         if self._closed:
-            raise CODError("client is closed")
+            raise CodError("client is closed")
         rid = next(self._ids)
         waiter = _Waiter()
         frame = encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
@@ -259,7 +274,7 @@ class Client:
         if not waiter.wait(timeout):
             with self._pending_lock:
                 self._pending.pop(rid, None)
-            raise CODError(f"{method}: no reply within {timeout} s")
+            raise CodError(f"{method}: no reply within {timeout} s")
         reply = waiter.reply
         assert reply is not None
         if "lost" in reply:
@@ -328,7 +343,7 @@ class Client:
             return
         method = msg.get("method")
         params = msg.get("params") or {}
-        if method == "shutdown":
+        if method == SHUTDOWN_EVENT:
             log.info("the RM is shutting down: %s", params.get("reason"))
             return
         self._on_upcall(str(method), params)
@@ -416,17 +431,18 @@ class Client:
     def _replay(self) -> None:
         sock, decoder = self._new_sock, self._decoder
         with self._state_lock:
-            procedures = list(self._procedures)
-            fact_ops = list(self._fact_ops)
-            tasks = {k: dict(v) for k, v in self._tasks.items()}
+            procedures = list(self._held.procedures.values())
+            fact_ops = list(self._held.fact_ops)
+            tasks = {k: dict(v) for k, v in self._held.tasks.items()}
             subs = list(self._subs.items())
         for text, persistent in procedures:
             self._replay_call(sock, decoder, "add_procedure", {"text": text, "persistent": persistent})
-        for op, items, scope, persistent in fact_ops:
-            if op == "add":
-                self._replay_call(sock, decoder, "add_facts", {"facts": items, "scope": scope, "persistent": persistent})
+        for op in fact_ops:
+            if op.kind == "add":
+                self._replay_call(sock, decoder, "add_facts",
+                                  {"facts": op.texts, "scope": op.scope, "persistent": op.persistent})
             else:
-                self._replay_call(sock, decoder, "remove_facts", {"patterns": items, "scope": scope})
+                self._replay_call(sock, decoder, "remove_facts", {"patterns": op.texts, "scope": op.scope})
         for local_id, sub in subs:
             res = self._replay_call(sock, decoder, "subscribe", {"event": sub.event, "filter": sub.filter or {}})
             if res is not None:
@@ -435,7 +451,7 @@ class Client:
             res = self._replay_call(sock, decoder, "register_task", params)
             with self._state_lock:
                 if res is None:
-                    self._tasks.pop(name, None)
+                    self._held.tasks.pop(name, None)
                 else:
                     self._remember_allocation(res["allocation"])
         self._sock = sock
@@ -457,7 +473,7 @@ class Client:
         facts = list(facts)
         n = self.call("add_facts", {"facts": facts, "scope": scope, "persistent": persistent})["added"]
         with self._state_lock:
-            self._fact_ops.append(("add", facts, scope, persistent))
+            self._held.added(facts, scope, persistent)
         return n
 
     def remove_facts(self, patterns: str | list[str], *, scope: str = "app") -> int:
@@ -465,23 +481,14 @@ class Client:
         pats = [patterns] if isinstance(patterns, str) else list(patterns)
         n = self.call("remove_facts", {"patterns": pats, "scope": scope})["removed"]
         with self._state_lock:
-            exact = set(pats)
-            kept = []
-            for op, items, sc, persistent in self._fact_ops:
-                if op == "add" and sc == scope:
-                    items = [f for f in items if f not in exact]
-                    if not items:
-                        continue
-                kept.append((op, items, sc, persistent))
-            kept.append(("remove", pats, scope, False))
-            self._fact_ops = kept
+            self._held.removed(pats, scope)
         return n
 
     def add_procedure(self, text: str, *, persistent: bool = False) -> list[str]:
         """Add clauses (a stored procedure) to this application; returns ["name/arity", ...]."""
         preds = self.call("add_procedure", {"text": text, "persistent": persistent})["predicates"]
         with self._state_lock:
-            self._procedures.append((text, persistent))
+            self._held.procedure(text, persistent, preds)
         return preds
 
     def execute_query(self, goal: str, *, all_solutions: bool = True, timeout_s: float | None = None,
@@ -494,7 +501,56 @@ class Client:
             params["timeout_s"] = timeout_s
         if max_solutions is not None:
             params["max_solutions"] = max_solutions
+        direct = self._direct or self._reopen_direct()
+        if direct is not None and direct.lock.acquire(blocking=False):
+            # The calling thread talks to the SKB itself: one hop, no thread hand-off.
+            # (A second concurrent caller takes the daemon's road instead of waiting.)
+            try:
+                return direct.call("execute_query", params, self.call_timeout_s)["solutions"]
+            except (OSError, ConnectionLost, ProtocolMismatch) as err:
+                log.info("direct query channel lost (%s); querying through the RM", err)
+                self._drop_direct(direct)
+            except RMError as err:
+                if err.code != -32010:
+                    raise
+                log.info("the direct query channel's capability was refused; querying through the RM")
+                self._drop_direct(direct)
+            finally:
+                direct.lock.release()
         return self.call("execute_query", params)["solutions"]
+
+    @property
+    def direct(self) -> bool:
+        """Whether queries currently take the direct channel to the SKB."""
+        return self._direct is not None
+
+    def _open_direct(self, offer: dict[str, Any] | None) -> None:
+        old, self._direct = self._direct, None
+        if old is not None:
+            old.close()
+        if not offer or not self.direct_queries:
+            return
+        try:
+            self._direct = _DirectChannel(str(offer["socket"]), str(offer["token"]), self.call_timeout_s)
+        except (OSError, CodError, KeyError) as err:
+            log.info("no direct query channel (%s); queries go through the RM", err)
+
+    def _drop_direct(self, direct: "_DirectChannel") -> None:
+        if self._direct is direct:
+            self._direct = None
+            self._direct_retry_at = time.monotonic() + 0.5
+        direct.close()
+
+    def _reopen_direct(self) -> "_DirectChannel | None":
+        """After the direct channel was lost (the SKB restarted), try it again now and then."""
+        offer = self.server_info.get("skb")
+        if not offer or not self.direct_queries or time.monotonic() < self._direct_retry_at:
+            return None
+        with self._state_lock:
+            if self._direct is None:
+                self._direct_retry_at = time.monotonic() + 0.5
+                self._open_direct(offer)
+        return self._direct
 
     def register_task(self, name: str, *, pid: int | None = None, min_cores: int = 1,
                       max_cores: int | None = None, facts: list[str] | None = None,
@@ -524,11 +580,12 @@ class Client:
             replay = {"name": name, "properties": props}
             if pid is not None:
                 replay["pid"] = pid
-            self._tasks[name] = replay
+            self._held.tasks[name] = replay
             if facts:
-                self._fact_ops.append(("add", list(facts), "app", False))
+                self._held.added(list(facts), "app", False)
             for text in procedures or ():
-                self._procedures.append((text, False))
+                # Each text's predicates are not echoed by register_task: key it by its own text.
+                self._held.procedure(text, False, [f"text:{text}"])
         self._remember_allocation(result["allocation"])
         return result
 
@@ -538,7 +595,7 @@ class Client:
             params["task"] = name
         result = self.call("update_task", params)
         with self._state_lock:
-            task = self._tasks.get(result["task"])
+            task = self._held.tasks.get(result["task"])
             if task is not None:
                 task["properties"].update(properties)
         return result
@@ -546,7 +603,7 @@ class Client:
     def deregister_task(self, name: str | None = None) -> None:
         result = self.call("deregister_task", {} if name is None else {"task": name})
         with self._state_lock:
-            self._tasks.pop(result["task"], None)
+            self._held.tasks.pop(result["task"], None)
             self._task_handlers.pop(result["task"], None)
             self._allocations.pop(result["task"], None)
 
@@ -563,7 +620,7 @@ class Client:
         with self._state_lock:
             sub = self._subs.pop(subscription, None)
         if sub is None:
-            raise CODError(f"no subscription {subscription}")
+            raise CodError(f"no subscription {subscription}")
         if sub.server_id is not None:
             self.call("unsubscribe", {"subscription": sub.server_id})
 
@@ -595,7 +652,7 @@ class Client:
             ok = self._allocation_changed.wait_for(
                 lambda: self._allocations.get(task, {}).get("epoch", -1) >= min_epoch, timeout_s)
             if not ok:
-                raise CODError(f"no allocation of {task} with epoch >= {min_epoch} within {timeout_s} s")
+                raise CodError(f"no allocation of {task} with epoch >= {min_epoch} within {timeout_s} s")
             return dict(self._allocations[task])
 
     def get_allocation(self, task: str | None = None) -> dict[str, Any]:
@@ -620,6 +677,50 @@ class Client:
     skb_add_fn = add_procedure
     skb_execute_query = execute_query
     rsmgr_register_fn = subscribe
+
+
+class _DirectChannel:
+    """The direct query socket to the SKB server: one request at a time, read by its caller."""
+
+    def __init__(self, path: str, token: str, timeout: float | None) -> None:
+        self.lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._decoder = FrameDecoder(MAX_FRAME_BYTES)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(path)
+            info = self.call("hello", {"version": PROTOCOL_VERSION, "token": token}, timeout)
+        except BaseException:
+            self._sock.close()
+            raise
+        self.app = info.get("app")
+
+    def call(self, method: str, params: dict[str, Any], timeout: float | None) -> Any:
+        rid = next(self._ids)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.sendall(encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
+            while True:
+                data = self._sock.recv(1 << 18)
+                if not data:
+                    raise ConnectionLost("the SKB closed the direct channel")
+                for body in self._decoder.feed(data):
+                    msg = _loads(body)
+                    if msg.get("id") == rid:
+                        if "error" in msg:
+                            raise error_from_reply(msg["error"])
+                        return msg.get("result")
+        except socket.timeout:
+            raise ConnectionLost(f"{method}: no answer on the direct channel within {timeout} s") from None
+        except FrameError as err:
+            raise ProtocolMismatch(f"bad frame on the direct channel: {err}") from None
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
 
 
 def _loads(body: bytes) -> dict[str, Any]:

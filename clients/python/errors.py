@@ -4,24 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
-
-class CODError(Exception):
-    """Base class of every error the client raises."""
+from cod.protocol.errors import CodError
 
 
-class ConnectionLost(CODError):
+class ConnectionLost(CodError):
     """The daemon went away while a call was in flight (the client reconnects by itself if allowed)."""
 
 
-class NotConnected(CODError):
+class NotConnected(CodError):
     """No daemon answers on the socket (or it did not come back within the reconnect timeout)."""
 
 
-class ProtocolMismatch(CODError):
+class ProtocolMismatch(CodError):
     """The daemon speaks another protocol version or sent something that is not a frame."""
 
 
-class RMError(CODError):
+class RMError(CodError):
     """An error reply from the daemon: `code`, `message` and `data` exactly as sent."""
 
     def __init__(self, code: int, message: str, data: Any = None) -> None:
@@ -59,24 +57,44 @@ class AdmissionRefused(RMError):
         return (self.data or {}).get("free")
 
 
-class SKBError(RMError):
-    """-32040..-32051: the knowledge base refused or failed the request; `skb_code` names the kind."""
+class KnowledgeBaseError(RMError):
+    """-32040..-32052: the knowledge base refused or failed the request; `skb_code` names the kind."""
 
     @property
     def skb_code(self) -> str | None:
         return (self.data or {}).get("skb_code")
 
 
-class QueryTimeout(SKBError):
+class QueryTimeout(KnowledgeBaseError):
     """-32042: the query ran past its time limit."""
 
 
-class UnsafeGoal(SKBError):
+class UnsafeGoal(KnowledgeBaseError):
     """-32041: the goal calls something the sandbox does not allow."""
+
+
+class QuotaExceeded(RMError):
+    """-32031: the application or its uid would hold more than its quota (facts, procedures, subscriptions)."""
 
 
 class ShuttingDown(RMError):
     """-32060: the daemon is stopping."""
+
+
+class TooBusy(RMError):
+    """-32070: the daemon refuses the connection (too many connections, or none left for this uid)."""
+
+
+class TimedOut(RMError):
+    """-32071: the peer was too slow (no hello in time, a frame not completed in time)."""
+
+
+_BY_CODE: dict[int, type[RMError]] = {
+    -32700: InvalidRequest, -32600: InvalidRequest, -32601: InvalidRequest, -32602: InvalidRequest,
+    -32010: PermissionDenied, -32020: NotFound, -32021: AlreadyExists, -32030: AdmissionRefused,
+    -32031: QuotaExceeded, -32042: QueryTimeout, -32041: UnsafeGoal, -32052: QuotaExceeded,
+    -32060: ShuttingDown, -32070: TooBusy, -32071: TimedOut,
+}
 
 
 def error_from_reply(error: Any) -> RMError:
@@ -88,24 +106,7 @@ def error_from_reply(error: Any) -> RMError:
     data = error.get("data")
     if not isinstance(code, int):
         return RMError(-32603, f"malformed error reply: {error!r}", data)
-    if code in (-32700, -32600, -32601, -32602):
-        cls: type[RMError] = InvalidRequest
-    elif code == -32010:
-        cls = PermissionDenied
-    elif code == -32020:
-        cls = NotFound
-    elif code == -32021:
-        cls = AlreadyExists
-    elif code == -32030:
-        cls = AdmissionRefused
-    elif code == -32042:
-        cls = QueryTimeout
-    elif code == -32041:
-        cls = UnsafeGoal
-    elif -32051 <= code <= -32040:
-        cls = SKBError
-    elif code == -32060:
-        cls = ShuttingDown
-    else:
-        cls = RMError
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        cls = KnowledgeBaseError if -32059 <= code <= -32040 else RMError
     return cls(code, message, data)

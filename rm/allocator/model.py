@@ -10,13 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from cod.protocol.errors import CodError
+
 BOUNDS = ("cpu", "memory")
 SENSITIVITIES = ("numa", "cache")
 STATUSES = ("optimal", "feasible", "fallback", "infeasible")
 SOLVERS = ("cpsat", "naive", "greedy")
 
 
-class TaskSpecError(ValueError):
+class TaskSpecError(CodError, ValueError):
     """A task description is invalid; the message names the task and the key."""
 
 

@@ -5,9 +5,8 @@ from .backend import MODES, Enforcer, NullEnforcer, default_state_dir, detect
 from .affinity import AffinityEnforcer
 from .cpuset import CpusetV1Enforcer, CpusetV2Enforcer
 from .errors import EnforceError
-from .hook import EnforcerHook
 
 __all__ = [
     "MODES", "Enforcer", "NullEnforcer", "default_state_dir", "detect", "AffinityEnforcer",
-    "CpusetV1Enforcer", "CpusetV2Enforcer", "EnforceError", "EnforcerHook",
+    "CpusetV1Enforcer", "CpusetV2Enforcer", "EnforceError",
 ]

@@ -2,7 +2,12 @@
 
 `BusyDetector.sample()` is called every ``interval`` seconds (0.1 s suggested).
 It reports the processes whose CPU use stayed at or above ``threshold`` (in
-cores; 0.5 = half a core) over each of the last ``window`` samples.
+cores; 0.5 = half a core) over each of the last ``window`` samples, and keeps
+reporting one until it has stayed below half the threshold for
+``quiet_window`` samples in a row.  The band between the two levels and the
+longer quiet window are the hysteresis: a steady hog that shares its CPU
+with other work (and so measures near the threshold) is not forgotten and
+found again, which would move it, and the tasks around it, each time.
 Registered pids, this process and kernel threads are never reported.
 
 Cost is what decides the design (figures in docs/design-enforce.md): reading
@@ -60,14 +65,18 @@ def machine_busy_ticks(stat: bytes) -> int:
 class BusyDetector:
     def __init__(self, threshold: float = 0.5, window: int = 3,
                  registered: Callable[[], Collection[int]] | None = None,
+                 quiet_window: int = 20,
                  proc: str = procfs.PROC, clock: Callable[[], float] = time.monotonic,
                  always_scan: bool = False) -> None:
         if threshold <= 0:
             raise EnforceError(f"busy threshold must be a positive number of cores, not {threshold!r}")
         if window < 1:
             raise EnforceError(f"busy window must be at least one sample, not {window!r}")
+        if quiet_window < 1:
+            raise EnforceError(f"busy quiet window must be at least one sample, not {quiet_window!r}")
         self.threshold = threshold
         self.window = window
+        self.quiet_window = quiet_window
         self.registered = registered or (lambda: ())
         self.proc = proc
         self.clock = clock
@@ -107,17 +116,20 @@ class BusyDetector:
         return (total - prev[0] - explained) / CLK_TCK / (now - prev[1])
 
     def _follow_hogs(self, now: float, skip: set[int]) -> list[tuple[int, _Track]]:
-        """Re-read the hogs already reported; one stays reported until it has been below
-        the threshold for ``window`` samples (or exits, or gets registered)."""
+        """Re-read the hogs already reported; one stays reported until it has been below half
+        the threshold for ``quiet_window`` samples in a row (or exits, or gets registered)."""
         still: dict[int, _Track] = {}
         for pid, old in self._hogs.items():
             got = None if pid in skip else procfs.cpu_ticks(pid, self.proc)
-            if got is None or got[1] != old.start or now <= old.at:
+            if got is None or got[1] != old.start:
+                continue
+            if now <= old.at:  # no time has passed: nothing to measure, nothing changes
+                still[pid] = old
                 continue
             use = (got[0] - old.ticks) / CLK_TCK / (now - old.at)
             tr = _Track(old.start, got[0], now, recent=(old.recent + [use])[-self.window:])
-            tr.busy_run = old.busy_run + 1 if use < self.threshold else 0  # here: the quiet run
-            if tr.busy_run < self.window:
+            tr.busy_run = old.busy_run + 1 if use < self.threshold / 2 else 0  # here: the quiet run
+            if tr.busy_run < self.quiet_window:
                 still[pid] = tr
         self._hogs = still
         return list(still.items())

@@ -6,6 +6,8 @@ sees what COD was doing (which task, which pid, which file) and the cause.
 
 from __future__ import annotations
 
+from cod.protocol.errors import CodError
 
-class EnforceError(Exception):
+
+class EnforceError(CodError):
     """Enforcement failed: a pin, a cgroup write, the state file, the event socket."""

@@ -3,14 +3,26 @@
 
 :- module(cod_apps,
           [ app_module/2,          % +App, -Module
+            existing_app_module/2, % +App, -Module
+            valid_app_name/1,      % +App
+            drop_owner/3,          % +App, +Owner, -Count
+            release_app/1,         % +App
             drop_app/1,            % +App
-            add_facts/3,           % +App, +Texts, -Count
-            remove_facts/3,        % +App, +PatternText, -Count
-            add_procedure/3,       % +App, +Text, -PIs
+            empty_app/2,           % ?App, ?Module
+            destroy_app/2,         % +App, +Module
+            add_facts/5,           % +App, +Owner, +Texts, +Limits, -Count
+            remove_facts/3,        % +App, +PatternTexts, -Count
+            add_procedure/5,       % +App, +Text, +Persistent, +Limits, -PIs
+            app_usage/2,           % +App, -Usage
             list_facts/3,          % +App, +PredicateOrAll, -Texts
+            list_procedures/2,     % +App, -Texts
             run_query/4,           % +App, +Text, +Options, -Answer
+            evaluate/5,            % +App, +Staged, +Queries, +Options, -Results
+            with_declarations/1,   % :Goal
+            app_snapshot/2,        % -App, -State
+            restore_app/2,         % +App, +State
             register_library/1,    % +Module
-            detach_standard_streams/2, % -In, -Out
+            library_module/1,      % ?Module
             parse_terms/4,         % +Module, +Text, -TermsWithBindings, +Options
             app/2                  % ?App, ?Module
           ]).
@@ -19,36 +31,59 @@
 :- use_module(library(lists)).
 :- use_module(library(apply)).
 :- use_module(library(aggregate)).
+:- use_module(library(occurs)).
+:- use_module(library(pairs)).
 :- use_module(cod_limits).
 :- use_module(cod_sys).
 
 /** <module> Application namespaces of the COD SKB
 
-Every application gets its own Prolog module, `app_<name>`.  It imports the
-system-level predicates (cod_sys), the stored procedures of the SKB's
-library (stored_procedures/) and the ISO/SWI built-ins, and nothing else:
-in particular not `user`, and not any other application's module.
+Every application gets its own Prolog module, `'app_'+Name`.  It imports
+the system-level predicates (cod_sys), the stored procedures of the SKB's
+library (stored_procedures/), the exports of a few SWI-Prolog libraries
+(app_library/1) and the ISO/SWI built-ins, and nothing else: in particular
+not `user`, and not any other application's module.
 
 Everything an application sends is untrusted:
 
-  1. Facts and clause heads may not define a built-in, a system-level or a
-     library predicate (permission_error(modify, static_procedure, PI)).
-  2. Clause bodies and query goals may not be module-qualified and may not
-     change the clause database (assert, retract...): an application
-     changes its facts through add_facts/3 and remove_facts/3 only.
-  3. Clause bodies and query goals must pass library(sandbox)'s safe_goal/1,
-     which walks the whole call graph against its white lists.
-  4. Queries run under a wall-clock time limit, an inference limit and the
-     engine's stack limit, with user_input/user_output/user_error bound to
-     empty streams so that no output reaches the protocol channel.
+  1. Facts must be ground and named by a word; facts and clause heads may
+     not define a built-in, a system-level or a library predicate
+     (permission_error(modify, static_procedure, PI)).
+  2. Clause bodies and query goals may not be module-qualified in a goal
+     position, and must pass library(sandbox)'s safe_goal/1 with the deny
+     layer of cod_guard.pl in front of it.
+  3. Queries run under a wall-clock time limit and an inference limit that
+     they cannot catch (cod_limits.pl), the thread's stack limit, inside a
+     snapshot/1 (so they see a consistent database while the Resource
+     Manager writes), with the standard streams bound to empty streams.
+  4. Facts and clauses are counted per application (usage/5), and an add
+     that would pass the limits the caller gives is refused whole.
+
+Facts remember who added them (fact_owner/2): a connection of the
+application (`conn(Id)`) or `persistent`.  drop_owner/3 removes exactly
+the facts a leaving connection added and nobody else holds; release_app/1
+removes what is left but persistent facts and procedures when the
+application's last connection leaves, and frees the module when nothing
+is left.
+
+All writers run in the SKB server's writer thread, each inside a
+transaction/1 (see cod_server.pl): an exception anywhere undoes the whole
+operation.
 */
 
 :- dynamic
-    app/2,              % App, Module
-    library_module/1,   % Module
-    pending_declaration/2, % Module, PI: declared while checking a procedure
-    safe_cache/2,       % Hash, Module: variant_sha1 of a goal found safe in Module
-    safe_cache_size/2.  % Module, Count
+    app/2,                 % App, Module
+    library_module/1,      % Module
+    safe_cache/2,          % Hash, Module: variant_sha1 of a goal found safe in Module
+    safe_cache_size/2,     % Module, Count
+    fact_owner/2,          % ClauseRef, Owner
+    fact_chars/2,          % ClauseRef, Characters of the fact's text
+    procedure/4,           % Module, Name/Arity, Persistent, Characters
+    usage/5.               % Module, Facts, FactChars, Clauses, ClauseChars
+
+		 /*******************************
+		 *           MODULES            *
+		 *******************************/
 
 %!  app_module(+App, -Module) is det.
 %
@@ -63,20 +98,50 @@ app_module(App, Module) :-
     ->  true
     ;   domain_error(cod_app_name, App)
     ),
+    with_mutex(cod_apps, create_app(App, Module)).
+
+create_app(App, Module) :-
+    app(App, Module), !.
+create_app(App, Module) :-
     atom_concat(app_, App, Module),
     create_app_module(Module),
+    assertz(usage(Module, 0, 0, 0, 0)),
     assertz(app(App, Module)).
 
+%!  existing_app_module(+App, -Module) is semidet.
+existing_app_module(App, Module) :-
+    app(App, Module).
+
+%!  valid_app_name(@App) is semidet.
+%
+%   An application name is 1..128 bytes of printable UTF-8 (no control
+%   characters).  The module is 'app_' followed by the name: names never
+%   collide, whatever characters they hold.
 valid_app_name(App) :-
-    atom_codes(App, [C0|Cs]),
-    code_type(C0, lower),
-    length(Cs, N), N < 64,
-    forall(member(C, Cs), app_name_code(C)).
+    atom(App),
+    atom_codes(App, Codes),
+    Codes \== [],
+    utf8_length(Codes, 0, Bytes),
+    Bytes =< 128,
+    forall(member(C, Codes), printable_code(C)).
 
-app_name_code(C) :- code_type(C, lower), !.
-app_name_code(C) :- code_type(C, digit), !.
-app_name_code(0'_).
+utf8_length([], N, N).
+utf8_length([C|Cs], N0, N) :-
+    (   C < 0x80 -> N1 is N0 + 1
+    ;   C < 0x800 -> N1 is N0 + 2
+    ;   C < 0x10000 -> N1 is N0 + 3
+    ;   N1 is N0 + 4
+    ),
+    utf8_length(Cs, N1, N).
 
+printable_code(C) :-                  % as cod.protocol.names
+    C >= 0x20, C =\= 0x7f,
+    \+ between(0x80, 0x9f, C),
+    \+ between(0xd800, 0xdfff, C),
+    C =\= 0x2028, C =\= 0x2029.
+
+create_app_module(M) :-
+    import_module(M, cod_sys), !.     % left by a write that was undone
 create_app_module(M) :-
     add_import_module(M, cod_sys, end),
     forall(library_module(L), add_import_module(M, L, end)),
@@ -143,35 +208,112 @@ exported_head(Module, Head) :-
         functor(Head, Name, Arity)
     ).
 
-%!  drop_app(+App) is det.
+		 /*******************************
+		 *      OWNERS AND RELEASE      *
+		 *******************************/
+
+%!  drop_owner(+App, +Owner, -Count) is det.
 %
-%   Forget every fact and procedure of App.  The module stays (SWI-Prolog
-%   cannot delete modules) but is emptied and reused if App comes back.
-drop_app(App) :-
+%   Owner (a leaving connection, conn(Id)) no longer holds its facts:
+%   Count facts that nobody else holds are removed.
+drop_owner(App, Owner, Count) :-
+    must_be(ground, Owner),
     (   app(App, M)
-    ->  forall(( current_predicate(M:Name/Arity),
-                 functor(H, Name, Arity),
-                 \+ predicate_property(M:H, imported_from(_)) ),
-               abolish(M:Name/Arity)),
+    ->  findall(Ref, ( fact_owner(Ref, Owner), clause_module(Ref, M) ), Refs),
+        foldl(drop_ref_owner(M, Owner), Refs, 0, Count),
+        forget_safe_goals(M)
+    ;   Count = 0
+    ).
+
+clause_module(Ref, M) :-
+    clause_property(Ref, module(M)).
+
+drop_ref_owner(M, Owner, Ref, N0, N) :-
+    retractall(fact_owner(Ref, Owner)),
+    (   fact_owner(Ref, _)
+    ->  N = N0
+    ;   erase_fact(M, Ref),
+        N is N0 + 1
+    ).
+
+%!  release_app(+App) is det.
+%
+%   The application's last connection left: remove every fact nobody holds
+%   persistently and every procedure not added as persistent; when nothing
+%   is left, forget the application and free its module.
+release_app(App) :-
+    (   app(App, M)
+    ->  findall(Ref, ( fact_ref(M, Ref), \+ fact_owner(Ref, persistent) ), Refs),
+        forall(member(Ref, Refs), erase_fact(M, Ref)),
+        forall(procedure(M, PI, false, _), remove_procedure(M, PI)),
         forget_safe_goals(M)
     ;   true
     ).
+
+%!  drop_app(+App) is det.
+%
+%   Forget every fact and procedure of App, whoever holds them.
+drop_app(App) :-
+    (   app(App, M)
+    ->  findall(Ref, fact_ref(M, Ref), Refs),
+        forall(member(Ref, Refs), erase_fact(M, Ref)),
+        forall(procedure(M, PI, _, _), remove_procedure(M, PI)),
+        forget_safe_goals(M)
+    ;   true
+    ).
+
+%!  empty_app(?App, ?Module) is nondet.
+%
+%   App holds no fact and no procedure: its module may be destroyed.
+empty_app(App, M) :-
+    app(App, M),
+    usage(M, 0, _, 0, _).
+
+%!  destroy_app(+App, +Module) is det.
+%
+%   Forget App and free its module.  Not inside a transaction (a module
+%   is not transactional data), and only while no thread runs code of
+%   App (the server checks both).
+destroy_app(App, M) :-
+    forall(( current_predicate(M:Name/Arity),
+             functor(H, Name, Arity),
+             \+ predicate_property(M:H, imported_from(_)) ),
+           abolish(M:Name/Arity)),
+    retractall(usage(M, _, _, _, _)),
+    retractall(procedure(M, _, _, _)),
+    retractall(app(App, M)),
+    forget_safe_goals(M),
+    catch('$destroy_module'(M), _, true).
+
+fact_ref(M, Ref) :-
+    fact_chars(Ref, _),
+    clause_module(Ref, M).
 
 		 /*******************************
 		 *            FACTS             *
 		 *******************************/
 
-%!  add_facts(+App, +Texts:list(string), -Count) is det.
+%!  add_facts(+App, +Owner, +Texts:list(string), +Limits, -Count) is det.
 %
-%   Add a batch of facts, all or nothing.  Count is the number of facts
-%   that were new (a fact already present is not added twice).
+%   Add a batch of facts held by Owner (conn(Id) or persistent), all or
+%   nothing.  Count is the number of facts that were new; a fact already
+%   present is not added twice but gets Owner as one more holder.  Limits
+%   is limits(MaxFacts, MaxFactChars, MaxClauses, MaxClauseChars) or
+%   `none`.
+%
 %   @error syntax_error(...) with the index of the offending text.
-add_facts(App, Texts, Count) :-
+%   @error resource_error(cod_quota(What, Limit)) when the batch would
+%          pass a limit.
+add_facts(App, Owner, Texts, Limits, Count) :-
     must_be(list, Texts),
+    must_be(ground, Owner),
     app_module(App, M),
     foldl(parse_fact(M), Texts, Facts, 0, _),
     check_fact_heads(M, Facts),
-    foldl(add_fact(M), Facts, 0, Count).
+    foldl(add_fact(M, Owner), Facts, Texts, 0-0, Count-Chars),
+    add_usage(M, Count, Chars, 0, 0),
+    check_limits(M, Limits),
+    (   Count > 0 -> forget_safe_goals(M) ; true ).
 
 %   Heads are checked once per predicate: a batch usually holds many
 %   facts of few predicates.
@@ -179,7 +321,15 @@ check_fact_heads(M, Facts) :-
     foldl(fact_indicator, Facts, Keys, 0, _),
     sort(1, @<, Keys, Unique),
     forall(member(_-(I-Fact), Unique),
-           catch(check_head(M, Fact), error(E, _), throw(error(E, fact(I, Fact))))).
+           catch(check_fact_head(M, Fact), error(E, _), throw(error(E, fact(I, Fact))))).
+
+check_fact_head(M, Fact) :-
+    check_head(M, Fact),
+    functor(Fact, Name, Arity),
+    (   procedure(M, Name/Arity, _, _)
+    ->  permission_error(modify, procedure, Name/Arity)
+    ;   true
+    ).
 
 fact_indicator(Fact, PI-(I-Fact), I, I1) :-
     I1 is I + 1,
@@ -199,96 +349,150 @@ parse_fact(M, Text, Fact, I0, I) :-
     ->  throw(error(syntax_error(end_of_file), fact(I0, Text)))
     ;   throw(error(domain_error(single_fact, Text), fact(I0, Text)))
     ),
-    check_fact(M, Fact).
+    catch(check_fact(Fact), error(E2, _), throw(error(E2, fact(I0, Text)))).
 
-check_fact(_, Fact) :-
+check_fact(Fact) :-
     var(Fact), !,
     instantiation_error(Fact).
-check_fact(_, (H:-B)) :- !,
+check_fact((H:-B)) :- !,
     domain_error(fact, (H:-B)).
-check_fact(_, (H-->B)) :- !,
+check_fact((H-->B)) :- !,
     domain_error(fact, (H-->B)).
-check_fact(_, (:-D)) :- !,
+check_fact((:-D)) :- !,
     permission_error(execute, directive, D).
-check_fact(_, Fact) :-
+check_fact(Fact) :-
     \+ ground(Fact), !,
     domain_error(ground_fact, Fact).
-check_fact(_, Fact) :-
+check_fact(Fact) :-
     compound(Fact),
     compound_name_arity(Fact, Name, Arity),
     operator_functor(Name, Arity), !,
     domain_error(operator_fact, Fact).
-check_fact(_, _).
+check_fact(_).
 
-add_fact(M, Fact, N0, N) :-
-    (   fact_present(M, Fact)
-    ->  N = N0
-    ;   assertz(M:Fact),
-        N is N0 + 1
+add_fact(M, Owner, Fact, Text, N0-C0, N-C) :-
+    (   fact_present(M, Fact, Ref)
+    ->  (   fact_owner(Ref, Owner) -> true ; assertz(fact_owner(Ref, Owner)) ),
+        N = N0, C = C0
+    ;   assertz(M:Fact, Ref),
+        string_length(Text, Len),
+        assertz(fact_owner(Ref, Owner)),
+        assertz(fact_chars(Ref, Len)),
+        N is N0 + 1,
+        C is C0 + Len
     ).
 
-fact_present(M, Fact) :-
+fact_present(M, Fact, Ref) :-
     copy_term(Fact, Probe),
+    predicate_property(M:Probe, dynamic),
     clause(M:Probe, true, Ref),
     clause(M:Stored, true, Ref),
     Stored =@= Fact,
     !.
 
-%!  remove_facts(+App, +PatternText, -Count) is det.
+erase_fact(M, Ref) :-
+    (   retract(fact_chars(Ref, Len)) -> true ; Len = 0 ),
+    retractall(fact_owner(Ref, _)),
+    erase(Ref),
+    add_usage(M, -1, -Len, 0, 0).
+
+%!  remove_facts(+App, +PatternTexts, -Count) is det.
 %
-%   Retract every fact (clause with body `true`) of App unifying with the
-%   pattern.  Procedures are removed by add_procedure/3 redefinition.
-remove_facts(App, Text, Count) :-
+%   Remove every fact of App unifying with one of the patterns, whoever
+%   added it (as retract/1 would).  Procedures are not facts: they are
+%   replaced by add_procedure/5.
+remove_facts(App, Patterns, Count) :-
+    must_be(list, Patterns),
     app_module(App, M),
+    maplist(parse_pattern(M), Patterns, Heads),
+    foldl(remove_matching(M), Heads, 0, Count),
+    (   Count > 0 -> forget_safe_goals(M) ; true ).
+
+parse_pattern(M, Text, Pattern) :-
     parse_terms(M, Text, Terms, []),
     (   Terms = [Pattern-_]
     ->  true
     ;   domain_error(single_pattern, Text)
     ),
     must_be(callable, Pattern),
-    check_head(M, Pattern),
+    check_head(M, Pattern).
+
+remove_matching(M, Pattern, N0, N) :-
     (   predicate_property(M:Pattern, dynamic)
-    ->  aggregate_all(count, retract(M:Pattern), Count)
-    ;   Count = 0
-    ),
-    forget_safe_goals(M).
+    ->  findall(Ref, ( clause(M:Pattern, true, Ref), fact_chars(Ref, _) ), Refs),
+        forall(member(Ref, Refs), erase_fact(M, Ref)),
+        length(Refs, K),
+        N is N0 + K
+    ;   N = N0
+    ).
 
 %!  list_facts(+App, +Predicate, -Texts) is det.
 %
-%   Texts are the clauses of App (all, or of Name or Name/Arity) in
+%   Texts are the facts of App (all, or of Name or Name/Arity) in
 %   canonical quoted form.
 list_facts(App, Pred, Texts) :-
-    app_module(App, M),
-    findall(Text,
-            ( current_predicate(M:Name/Arity),
-              pred_selected(Pred, Name, Arity),
-              functor(H, Name, Arity),
-              \+ predicate_property(M:H, imported_from(_)),
-              clause(M:H, B),
-              clause_text(H, B, Text)
-            ),
-            Texts).
+    (   app(App, M)
+    ->  findall(Text,
+                ( fact_ref(M, Ref),
+                  clause(M:H, true, Ref),
+                  functor(H, Name, Arity),
+                  pred_selected(Pred, Name, Arity),
+                  format(string(Text), '~k', [H])
+                ),
+                Texts)
+    ;   Texts = []
+    ).
 
 pred_selected(all, _, _) :- !.
 pred_selected(Name/Arity, Name, Arity) :- !.
 pred_selected(Name, Name, _).
 
-clause_text(H, true, Text) :- !,
-    format(string(Text), '~k', [H]).
-clause_text(H, B, Text) :-
-    format(string(Text), '~k', [(H:-B)]).
+		 /*******************************
+		 *            USAGE             *
+		 *******************************/
+
+add_usage(M, DF, DFC, DC, DCC) :-
+    retract(usage(M, F0, FC0, C0, CC0)),
+    F is F0 + DF, FC is FC0 + DFC, C is C0 + DC, CC is CC0 + DCC,
+    assertz(usage(M, F, FC, C, CC)).
+
+%!  app_usage(+App, -Usage) is det.
+%
+%   Usage is usage(Facts, FactChars, Clauses, ClauseChars).
+app_usage(App, usage(F, FC, C, CC)) :-
+    (   app(App, M), usage(M, F, FC, C, CC)
+    ->  true
+    ;   F = 0, FC = 0, C = 0, CC = 0
+    ).
+
+check_limits(_, none) :- !.
+check_limits(M, limits(MaxF, MaxFC, MaxC, MaxCC)) :-
+    usage(M, F, FC, C, CC),
+    over(F, MaxF, facts),
+    over(FC, MaxFC, fact_chars),
+    over(C, MaxC, clauses),
+    over(CC, MaxCC, clause_chars).
+
+over(Value, Max, What) :-
+    (   Value > Max
+    ->  throw(error(resource_error(cod_quota(What, Max)), usage(What, Value)))
+    ;   true
+    ).
 
 		 /*******************************
 		 *          PROCEDURES          *
 		 *******************************/
 
-%!  add_procedure(+App, +Text, -PIs) is det.
+%!  add_procedure(+App, +Text, +Persistent, +Limits, -PIs) is det.
 %
 %   Add one or more clauses.  Every predicate defined in Text replaces
 %   any previous definition of that predicate in App (so a client that
 %   sends its cost function again does not get duplicate answers).
 %   All or nothing: if any clause is rejected, nothing changes.
-add_procedure(App, Text, PIs) :-
+%   Persistent (true/false): the procedure outlives the application's
+%   last connection.
+add_procedure(App, Text, Persistent, Limits, PIs) :-
+    must_be(boolean, Persistent),
     app_module(App, M),
     parse_terms(M, Text, Terms, [clauses]),
     (   Terms == []
@@ -299,18 +503,42 @@ add_procedure(App, Text, PIs) :-
     maplist(check_clause_head(M), Clauses),
     findall(PI, ( member(H-_, Clauses), pi_of(H, PI) ), PIs0),
     sort(PIs0, PIs),
+    forall(( member(PI, PIs), fact_predicate(M, PI) ),
+           permission_error(modify, fact_predicate, PI)),
     % Heads first, so that clauses may call one another.  Predicates
-    % declared only for the check are recorded in pending_declaration/2,
-    % which survives the exception that undoes bindings.
-    retractall(pending_declaration(M, _)),
-    catch(check_clause_bodies(M, PIs, Clauses),
-          Error,
-          ( undo_declarations(M), throw(Error) )),
-    retractall(pending_declaration(M, _)),
-    forall(member(Name/Arity, PIs),
-           ( functor(G, Name, Arity), retractall(M:G) )),
+    % declared for the check (and the new ones defined here) are recorded
+    % in a global variable of this thread, which survives the exception
+    % that undoes bindings and the end of a snapshot: the caller forgets
+    % them after a committed write, or undoes them (see with_declarations/1).
+    check_clause_bodies(M, PIs, Clauses),
+    string_length(Text, Len),
+    length(Clauses, NC),
+    length(PIs, NP),
+    forall(member(PI, PIs), remove_procedure(M, PI)),
     forall(member(H-B, Clauses), assertz(M:(H:-B))),
+    Share is Len // max(1, NP),
+    forall(member(PI, PIs), assertz(procedure(M, PI, Persistent, Share))),
+    add_usage(M, 0, 0, NC, Len),
+    check_limits(M, Limits),
     forget_safe_goals(M).
+
+%   A predicate holding facts is not redefined by a procedure (and a
+%   procedure's predicate is not extended by facts: check_head/2).
+fact_predicate(M, Name/Arity) :-
+    functor(H, Name, Arity),
+    predicate_property(M:H, dynamic),
+    clause(M:H, true, Ref),
+    fact_chars(Ref, _),
+    !.
+
+remove_procedure(M, Name/Arity) :-
+    (   retract(procedure(M, Name/Arity, _, Chars))
+    ->  functor(H, Name, Arity),
+        aggregate_all(count, retract(M:(H:-_)), N),
+        Minus is -N, MinusChars is -Chars,
+        add_usage(M, 0, 0, Minus, MinusChars)
+    ;   true
+    ).
 
 clause_parts(Term-_, H-B) :-
     (   Term = (H0:-B0)
@@ -339,12 +567,36 @@ declare_if_new(M, Name/Arity) :-
     ;   declare_pending(M, Name/Arity)
     ).
 
+%!  with_declarations(:Goal) is semidet.
+%
+%   Run a write that may add procedures: declarations it made are kept
+%   when it succeeds and undone when it fails or throws.
+:- meta_predicate with_declarations(0).
+with_declarations(Goal) :-
+    forget_declarations,
+    catch(Goal, E, true),
+    (   var(E)
+    ->  forget_declarations
+    ;   undo_declarations,
+        throw(E)
+    ).
+
 declare_pending(M, PI) :-
     dynamic(M:PI),
-    assertz(pending_declaration(M, PI)).
+    pending_declarations(L0),
+    b_setval(cod_pending, [M:PI|L0]),
+    nb_setval(cod_pending, [M:PI|L0]).
+
+%   pending_declarations(-List): M:Name/Arity declared by this thread
+%   while checking procedures, since the last forget_declarations/0.
+pending_declarations(L) :-
+    (   nb_current(cod_pending, L0), is_list(L0) -> L = L0 ; L = [] ).
+
+forget_declarations :-
+    nb_setval(cod_pending, []).
 
 check_body(M, _H-Body) :-
-    check_code_terms(Body),
+    check_goal_qualification(M, Body),
     check_safe(M, Body).
 
 %   check_safe(+M, +Goal)
@@ -358,14 +610,24 @@ check_safe(M, Goal) :-
     ;   Error = error(existence_error(procedure, M:Undef), _),
         callable(Undef),
         functor(Undef, Name, Arity),
-        \+ pending_declaration(M, Name/Arity)
+        pending_declarations(Pending),
+        \+ memberchk(M:Name/Arity, Pending)
     ->  declare_pending(M, Name/Arity),
         check_safe(M, Goal)
     ;   throw(Error)
     ).
 
-undo_declarations(M) :-
-    forall(retract(pending_declaration(M, PI)), abolish(M:PI)).
+%   undo_declarations: abolish what this thread declared for a check
+%   that did not lead to a write (unless clauses arrived meanwhile).
+undo_declarations :-
+    pending_declarations(Pending),
+    forget_declarations,
+    forall(member(M:Name/Arity, Pending),
+           (   functor(H, Name, Arity),
+               \+ catch(clause(M:H, _), _, fail)
+           ->  abolish(M:Name/Arity)
+           ;   true
+           )).
 
 %!  check_head(+Module, +Head) is det.
 %
@@ -410,41 +672,61 @@ control_construct(:-, 1).
 control_construct(:-, 2).
 control_construct(?-, 1).
 
-%!  check_code_terms(+Goal) is det.
+%!  check_goal_qualification(+Module, +Goal) is det.
 %
-%   Reject, anywhere in Goal, module qualification and database changes.
-%   Checked on the whole term (not only on goal positions), so that a
-%   goal built at run time cannot smuggle them past the sandbox either.
-check_code_terms(Goal) :-
-    (   sub_term(T, Goal),
-        compound(T),
-        compound_name_arity(T, Name, Arity),
-        forbidden_in_code(Name, Arity, What)
-    ->  permission_error(call, What, Name/Arity)
+%   Reject module qualification (M:G, G@M) in goal positions of Goal: the
+%   goal itself, control constructs and the meta-arguments of the
+%   predicates it calls.  `:` in data (meeting(time(12:30))) is data.
+%   Qualification built at run time cannot be called: the sandbox refuses
+%   calls it cannot resolve, and the reflective predicates that take a
+%   head as data are denied (cod_guard.pl).
+check_goal_qualification(M, Goal) :-
+    goal_position(M, Goal, 0).
+
+goal_position(_, G, _) :-
+    var(G), !.
+goal_position(_, G, _) :-
+    G = Q:_, !,
+    permission_error(call, module_qualified, Q:(:)/2).
+goal_position(_, G, _) :-
+    G = @(_, Q), !,
+    permission_error(call, module_qualified, Q:(@)/2).
+goal_position(M, G, Extra) :-
+    callable(G),
+    (   Extra > 0
+    ->  G =.. L0, length(Pad, Extra), append(L0, Pad, L), G1 =.. L
+    ;   G1 = G
+    ),
+    (   control_goal(G1, Subs)
+    ->  forall(member(S, Subs), goal_position(M, S, 0))
+    ;   catch(predicate_property(M:G1, meta_predicate(Spec)), _, fail)
+    ->  G1 =.. [_|Args], Spec =.. [_|Specs],
+        forall(nth1(I, Specs, S),
+               (   meta_extra(S, E)
+               ->  nth1(I, Args, A), strip_existential(A, A1),
+                   goal_position(M, A1, E)
+               ;   true
+               ))
     ;   true
-    ).
+    ), !.
+goal_position(_, _, _).
 
-forbidden_in_code(:, 2, module_qualified).
-forbidden_in_code(@, 2, module_qualified).
-forbidden_in_code(Name, Arity, database_change) :-
-    db_changing(Name, Arity).
+control_goal((A,B), [A,B]).
+control_goal((A;B), [A,B]).
+control_goal((A->B), [A,B]).
+control_goal((A*->B), [A,B]).
+control_goal(\+(A), [A]).
+control_goal(call(A), [A]).
+control_goal(findall(_,G,_), [G]).
+control_goal(forall(C,A), [C,A]).
 
-db_changing(assert, 1).
-db_changing(asserta, 1).
-db_changing(assertz, 1).
-db_changing(assert, 2).
-db_changing(asserta, 2).
-db_changing(assertz, 2).
-db_changing(retract, 1).
-db_changing(retractall, 1).
-db_changing(abolish, 1).
-db_changing(abolish, 2).
-db_changing(erase, 1).
-db_changing(recorda, _).
-db_changing(recordz, _).
-db_changing(flag, 3).
-db_changing(dynamic, _).
-db_changing(table, _).
+meta_extra(N, N) :- integer(N), !.
+meta_extra(^, 0).
+meta_extra(//, 2).
+
+strip_existential(V, V) :- var(V), !.
+strip_existential(_^G0, G) :- !, strip_existential(G0, G).
+strip_existential(G, G).
 
 		 /*******************************
 		 *           PARSING            *
@@ -494,22 +776,14 @@ read_all(S, M, Terms) :-
 %!  run_query(+App, +Text, +Options, -Answer) is det.
 %
 %   Answer is answer(Solutions, Truncated, ElapsedUs) where Solutions is a
-%   list of Name=Value lists.  Options:
+%   list of Name-Value pair lists.  Options:
 %
 %     - all(Bool): all solutions (default) or the first one only
 %     - max_solutions(N): at most N solutions (Truncated tells if cut)
 %     - time_limit(Seconds), inference_limit(N)
 run_query(App, Text, Options, answer(Solutions, Truncated, Us)) :-
     app_module(App, M),
-    parse_terms(M, Text, Terms, []),
-    (   Terms = [Goal-Bindings]
-    ->  true
-    ;   Terms == []
-    ->  domain_error(goal, Text)
-    ;   domain_error(single_goal, Text)
-    ),
-    must_be(callable, Goal),
-    check_query_goal(M, Goal),
+    query_goal(M, Text, Goal, Bindings),
     option_value(all(All), Options, true),
     option_value(max_solutions(Max), Options, 10000),
     option_value(time_limit(Time), Options, 5),
@@ -532,6 +806,18 @@ run_query(App, Text, Options, answer(Solutions, Truncated, Us)) :-
     ;   Truncated = false, Kept = Found
     ),
     maplist(solution_pairs(Names), Kept, Solutions).
+
+%   query_goal(+M, +Text, -Goal, -Bindings): parse and check a query.
+query_goal(M, Text, Goal, Bindings) :-
+    parse_terms(M, Text, Terms, []),
+    (   Terms = [Goal-Bindings]
+    ->  true
+    ;   Terms == []
+    ->  domain_error(goal, Text)
+    ;   domain_error(single_goal, Text)
+    ),
+    must_be(callable, Goal),
+    check_query_goal(M, Goal).
 
 option_value(Opt, Options, Default) :-
     (   memberchk(Opt, Options)
@@ -567,7 +853,7 @@ check_query_goal(M, Goal) :-
     variant_sha1(Goal, Hash),
     (   safe_cache(Hash, M)
     ->  true
-    ;   check_code_terms(Goal),
+    ;   check_goal_qualification(M, Goal),
         safe_goal(M:Goal),
         remember_safe_goal(Hash, M)
     ).
@@ -576,44 +862,132 @@ check_query_goal(M, Goal) :-
 %   lookup is one indexed clause access) and bounded per application: an
 %   application sending ever new goals only refills it.
 remember_safe_goal(Hash, M) :-
-    (   retract(safe_cache_size(M, N0)) -> true ; N0 = 0 ),
-    (   N0 >= 10000
-    ->  retractall(safe_cache(_, M)), N = 1
-    ;   N is N0 + 1
-    ),
-    assertz(safe_cache_size(M, N)),
-    assertz(safe_cache(Hash, M)).
+    with_mutex(cod_safe_cache,
+               (   (   retract(safe_cache_size(M, N0)) -> true ; N0 = 0 ),
+                   (   N0 >= 10000
+                   ->  retractall(safe_cache(_, M)), N = 1
+                   ;   N is N0 + 1
+                   ),
+                   assertz(safe_cache_size(M, N)),
+                   assertz(safe_cache(Hash, M))
+               )).
 
 forget_safe_goals(M) :-
     retractall(safe_cache(_, M)),
     retractall(safe_cache_size(M, _)).
 
 %   limited(+App, :Runner, +Seconds, +Inferences)
-%   Run with the limits, on behalf of App (see current_app/1).  The
-%   standard streams are detached from the protocol once and for all by
-%   detach_standard_streams/2, so no per-query stream juggling is needed.
+%   Run with the limits, on behalf of App (see current_app/1), in a
+%   snapshot of the database: the query sees one consistent state while
+%   the Resource Manager writes, and whatever it might change is dropped.
 limited(App, Runner, Time, Inf) :-
-    setup_call_cleanup(
-        b_setval(cod_app, App),
-        run_limits(Runner, Time, Inf),
-        nb_setval(cod_app, [])).
+    b_setval(cod_app, App),
+    snapshot(run_limited(Runner, Time, Inf)).
 
-%!  detach_standard_streams(-ProtocolIn, -ProtocolOut) is det.
+		 /*******************************
+		 *   EVALUATION BEFORE A WRITE  *
+		 *******************************/
+
+%!  evaluate(+App, +Staged, +Queries, +Options, -Results) is det.
 %
-%   Bind user_input, user_output and the current streams to an empty
-%   input and a null output, and return the real standard streams for the
-%   protocol alone.  Whatever application code reads or writes can then
-%   never reach the protocol channel.
-detach_standard_streams(In, Out) :-
-    stream_property(In, alias(user_input)),
-    stream_property(Out, alias(user_output)),
-    open_string("", NullIn),
-    open_null_stream(NullOut),
-    set_stream(NullIn, alias(user_input)),
-    set_stream(NullOut, alias(user_output)),
-    set_stream(NullOut, alias(user_error)),
-    set_input(NullIn),
-    set_output(NullOut).
+%   Evaluate Queries (a list of query(GoalText, VarName)) in App's
+%   namespace as it would be after the Staged changes (a list of
+%   facts(Owner, Texts, Limits) and procedure(Text, Persistent, Limits)),
+%   without making the changes: everything happens in a snapshot/1 that is
+%   discarded.  Results has one element per query: value(V) (the binding
+%   of VarName in the first solution), none (no solution) or error(E).
+%   A staged change that is refused throws, as the real write would.
+evaluate(App, Staged, Queries, Options, Results) :-
+    app_module(App, M),
+    option_value(time_limit(Time), Options, 5),
+    option_value(inference_limit(Inf), Options, 10000000),
+    forget_declarations,
+    catch(snapshot(evaluate_staged(App, M, Staged, Queries, Time, Inf, Results)),
+          E, true),
+    % Declarations made while checking staged procedures are not data:
+    % snapshot/1 does not undo them.
+    undo_declarations,
+    (   var(E) -> true ; throw(E) ).
 
-run_limits(Runner, Time, Inf) :-
-    run_limited(Runner, Time, Inf).
+evaluate_staged(App, M, Staged, Queries, Time, Inf, Results) :-
+    forall(member(Change, Staged), stage(App, Change)),
+    b_setval(cod_app, App),
+    maplist(evaluate_one(M, Time, Inf), Queries, Results).
+
+stage(App, facts(Owner, Texts, Limits)) :- !,
+    add_facts(App, Owner, Texts, Limits, _).
+stage(App, procedure(Text, Persistent, Limits)) :- !,
+    add_procedure(App, Text, Persistent, Limits, _).
+stage(_, Change) :-
+    domain_error(staged_change, Change).
+
+evaluate_one(M, Time, Inf, query(Text, Var), Result) :-
+    catch(( query_goal(M, Text, Goal, Bindings),
+            atom_string(VarName, Var),
+            (   memberchk(VarName=V, Bindings)
+            ->  true
+            ;   existence_error(variable, VarName)
+            ),
+            run_limited(first_solution(V, M:Goal, Found), Time, Inf),
+            (   Found = [Value]
+            ->  Result = value(Value)
+            ;   Result = none
+            )
+          ),
+          E,
+          Result = error(E)).
+
+		 /*******************************
+		 *     SNAPSHOT AND RESTORE     *
+		 *******************************/
+
+%!  app_snapshot(-App, -State) is nondet.
+%
+%   State of every application that holds anything, as text that
+%   restore_app/2 reads back: state(Facts, Procedures), Facts a list of
+%   Text-Owners, Procedures a list of Text-Persistent (one per predicate).
+app_snapshot(App, state(Facts, Procs)) :-
+    app(App, M),
+    findall(Text-Owners,
+            ( fact_ref(M, Ref),
+              clause(M:H, true, Ref),
+              format(string(Text), '~k', [H]),
+              findall(O, fact_owner(Ref, O), Owners)
+            ),
+            Facts),
+    findall(Text-P,
+            ( procedure(M, Name/Arity, P, _),
+              procedure_text(M, Name/Arity, Text)
+            ),
+            Procs),
+    ( Facts \== [] ; Procs \== [] ),
+    !.
+
+procedure_text(M, Name/Arity, Text) :-
+    functor(H, Name, Arity),
+    findall(C, ( clause(M:H, B), clause_term(H, B, C) ), Clauses),
+    with_output_to(string(Text),
+                   forall(member(C, Clauses),
+                          format('~k.~n', [C]))).
+
+clause_term(H, true, H) :- !.
+clause_term(H, B, (H:-B)).
+
+%!  restore_app(+App, +State) is det.
+%
+%   Load a state written by app_snapshot/2 into an application that holds
+%   nothing yet.
+restore_app(App, state(Facts, Procs)) :-
+    forall(member(Text-P, Procs),
+           add_procedure(App, Text, P, none, _)),
+    forall(member(Text-Owners, Facts),
+           forall(member(O, Owners), add_facts(App, O, [Text], none, _))).
+
+%!  list_procedures(+App, -Texts) is det.
+%
+%   The procedures of App, one text per predicate.
+list_procedures(App, Texts) :-
+    (   app(App, M)
+    ->  findall(Text, ( procedure(M, PI, _, _), procedure_text(M, PI, Text) ), Texts)
+    ;   Texts = []
+    ).

@@ -123,7 +123,7 @@ kind_reason(loading,
 kind_reason(global,
             "it changes state the engine and every other application share").
 kind_reason(database,
-            "it changes the clause database; use add_facts/remove_facts").
+            "it changes the database; use add_facts/remove_facts").
 kind_reason(control,
             "it controls the engine itself").
 kind_reason(output,

@@ -1,11 +1,14 @@
-/*  COD SKB server: the engine's side of the pipe protocol.
+/*  COD SKB server: a multi-threaded SWI-Prolog engine.
 
-    One request per Prolog term on standard input, `req(Id, Operation).`,
-    one JSON object per line on standard output:
+    Control channel (standard input/output, the Resource Manager only):
+    one request per Prolog term on standard input, `req(Id, Operation).`,
+    one JSON object per line on standard output, in any order:
         {"id":Id,"ok":Result}
         {"id":Id,"error":{"code":Code,"message":Text,"data":{...}}}
-    The Python side (cod.skb.engine) builds the requests; see
-    docs/design.md for why the SKB is a child process.
+    The Python side (cod.skb.session) builds the requests.
+
+    Direct channel (cod_direct.pl): a Unix socket on which clients holding
+    a capability granted by the Resource Manager run queries themselves.
 */
 
 :- module(cod_server, [main/0]).
@@ -15,15 +18,61 @@
 :- use_module(library(lists)).
 :- use_module(library(apply)).
 :- use_module(library(aggregate)).
+:- use_module(library(option)).
 :- use_module(library(readutil)).
 :- use_module(cod_sys).
 :- use_module(cod_apps).
 :- use_module(cod_json).
+:- use_module(cod_errors).
+:- use_module(cod_limits).
+:- use_module(cod_direct).
+
+/** <module> The SKB server
+
+Threads, and why:
+
+  - main: reads the control channel and routes each request; never runs
+    application code, so the Resource Manager's requests are always read.
+  - cod_writer: every change (system facts, the allocation, application
+    facts and procedures), one at a time, each in transaction/1: readers
+    never see half a change, and a change that fails leaves nothing.
+  - workers (a pool that grows on demand up to max_threads): queries and
+    other reads.  Each query runs in snapshot/1 under its own time,
+    inference and stack limits; a runaway query costs its own thread only.
+  - direct channel: an acceptor and one thread per connection
+    (cod_direct.pl), under the same limits and per-application slots.
+
+Fairness: at most app_slots queries of one application run at once, on
+both channels together; the others wait in that application's own FIFO,
+so one application's slow queries never make another application wait
+for a slot.  CPU time between running queries is shared by the kernel.
+*/
 
 % Library files (stored_procedures/) load the schema as cod_skb(cod_sys).
 :- multifile user:file_search_path/2.
 :- prolog_load_context(directory, Dir),
    asserta(user:file_search_path(cod_skb, Dir)).
+
+:- dynamic
+    setting/2,             % Name, Value (from the command line)
+    protocol_out/1,        % Stream: the control channel's output
+    running/2,             % App, Count: queries of App running now
+    parked/3,              % App, Seq, Job: waiting for a slot of App
+    busy_app/2.            % App, Count: threads in App's code (for collection)
+
+default_setting(app_slots, 4).
+default_setting(max_threads, 256).
+default_setting(thread_stack, 268435456).       % bytes, per thread
+default_setting(max_reply_bytes, 67108864).
+default_setting(direct_socket, '').
+% The direct channel's (cod_direct.pl).
+default_setting(max_connections, 1024).
+default_setting(max_frame_bytes, 1048576).
+default_setting(hello_timeout, 5).
+default_setting(frame_timeout, 10).
+default_setting(max_time_limit, 5).
+default_setting(inference_limit, 10000000).
+default_setting(rpc_codes, '').
 
 %!  main is det.
 %
@@ -34,51 +83,290 @@ main :-
     ;   format(user_error, "COD SKB: the sandbox deny layer is not installed first; refusing to start~n", []),
         halt(2)
     ),
+    current_prolog_flag(argv, Argv),
+    read_settings(Argv),
     set_stream(user_input, encoding(utf8)),
     set_stream(user_output, encoding(utf8)),
     set_stream(user_output, buffer(full)),
     set_prolog_flag(toplevel_prompt, ''),
-    detach_standard_streams(In, Out),
+    stream_property(In, alias(user_input)),
+    stream_property(Out, alias(user_output)),
+    assertz(protocol_out(Out)),
+    detach_standard_streams,
     % Applications see exactly what their namespace imports (cod_apps.pl):
     % nothing may be autoloaded on their behalf (listing/1, gensym/2 ...).
     autoload_all,
     set_prolog_flag(autoload, false),
-    write(Out, '{"ready":true}\n'),
-    flush_output(Out),
-    serve(In, Out).
+    message_queue_create(_, [alias(cod_writer)]),
+    message_queue_create(_, [alias(cod_jobs)]),
+    setting(thread_stack, Stack),
+    thread_create(writer_loop, _, [alias(cod_writer_thread), stack_limit(Stack)]),
+    start_direct,
+    send_line('{"ready":true}'),
+    serve(In).
 
-serve(In, Out) :-
+read_settings(Argv) :-
+    forall(default_setting(Name, Default),
+           (   atom_concat('--', Name, Flag0),
+               atomic_list_concat(Parts, '_', Flag0),
+               atomic_list_concat(Parts, '-', Flag),
+               (   append(_, [Flag, Text|_], Argv)
+               ->  (   atom_number(Text, Value) -> true ; Value = Text )
+               ;   Value = Default
+               ),
+               assertz(setting(Name, Value))
+           )).
+
+start_direct :-
+    setting(direct_socket, Path),
+    (   Path == ''
+    ->  true
+    ;   findall(Opt, ( member(Name, [thread_stack, max_connections, max_frame_bytes,
+                                         hello_timeout, frame_timeout, max_time_limit,
+                                         inference_limit, rpc_codes]),
+                       setting(Name, Value),
+                       direct_name(Name, DName),
+                       Opt =.. [DName, Value] ), Opts),
+        direct_listen(Path, [run_query(cod_server:direct_query)|Opts])
+    ).
+
+direct_name(thread_stack, stack_limit) :- !.
+direct_name(Name, Name).
+
+%!  detach_standard_streams is det.
+%
+%   Bind user_input, user_output and user_error (and the current streams)
+%   of this thread and of every thread it creates to an empty input and a
+%   null output.  Whatever application code reads or writes never reaches
+%   the protocol channel or the daemon's log.
+detach_standard_streams :-
+    open_string("", NullIn),
+    open_null_stream(NullOut),
+    set_stream(NullIn, alias(user_input)),
+    set_stream(NullOut, alias(user_output)),
+    set_stream(NullOut, alias(user_error)),
+    set_input(NullIn),
+    set_output(NullOut).
+
+serve(In) :-
     repeat,
         catch(read_term(In, Request, []), E,
-              ( reply_error(Out, 0, E), fail )),
+              ( reply_error(0, E), fail )),
         (   Request == end_of_file
         ->  !
-        ;   handle(Out, Request),
+        ;   catch(route(Request), E2, reply_error(0, E2)),
             fail
         ).
 
-handle(Out, req(Id, Op)) :- !,
-    (   catch(op_result(Op, Result), E, true)
-    ->  (   var(E)
-        ->  reply_ok(Out, Id, Result)
-        ;   reply_error(Out, Id, E)
-        )
-    ;   reply_error(Out, Id, error(failed(Op), _))
+route(req(Id, Op)) :-
+    integer(Id), !,
+    (   op_kind(Op, Kind)
+    ->  dispatch(Kind, Id, Op)
+    ;   reply_error(Id, error(domain_error(skb_operation, Op), _))
     ).
-handle(Out, Other) :-
-    reply_error(Out, 0, error(domain_error(request, Other), _)).
+route(Other) :-
+    reply_error(0, error(domain_error(request, Other), _)).
+
+dispatch(inline, Id, Op) :-
+    run_op(Id, Op).
+dispatch(write, Id, Op) :-
+    thread_send_message(cod_writer, job(Id, Op)).
+dispatch(read, Id, Op) :-
+    submit(job(Id, Op, none)).
+dispatch(query(App), Id, Op) :-
+    (   atom(App), valid_app_name(App)
+    ->  request_slot(App, job(Id, Op, App))
+    ;   reply_error(Id, error(domain_error(cod_app_name, App), _))
+    ).
+
+%   op_kind(+Operation, -Kind): who runs it.
+op_kind(ping, inline).
+op_kind(stats, inline).
+op_kind(load_system(_), write).
+op_kind(add_system_facts(_), write).
+op_kind(remove_system_facts(_), write).
+op_kind(replace_system_facts(_, _), write).
+op_kind(replace_many(_), write).
+op_kind(add_facts(_, _, _, _), write).
+op_kind(remove_facts(_, _), write).
+op_kind(add_procedure(_, _, _, _), write).
+op_kind(drop_owner(_, _), write).
+op_kind(release_app(_), write).
+op_kind(drop_app(_), write).
+op_kind(load_library(_), write).
+op_kind(snapshot, write).
+op_kind(restore_system(_), write).
+op_kind(restore_app(_, _), write).
+op_kind(grant(_, _), write).
+op_kind(batch(_), write).
+op_kind(revoke(_), write).
+op_kind(list_facts(_, _), read).
+op_kind(list_procedures(_), read).
+op_kind(usage(_), read).
+op_kind(query(App, _, _), query(App)).
+op_kind(evaluate(App, _, _, _), query(App)).
+op_kind(time_query(App, _, _), query(App)).
+
+		 /*******************************
+		 *      THE WRITER THREAD       *
+		 *******************************/
+
+writer_loop :-
+    thread_get_message(cod_writer, job(Id, Op)),
+    run_op(Id, Op),
+    after_write(Op),
+    writer_loop.
+
+%   after_write(+Op): work that may not happen inside a transaction.
+after_write(release_app(App)) :- !,
+    collect_app(App).
+after_write(drop_app(App)) :- !,
+    collect_app(App).
+after_write(_).
+
+%   collect_app(+App): free the module of an application that holds
+%   nothing, unless one of its queries still runs.
+collect_app(App) :-
+    with_mutex(cod_slots,
+               (   empty_app(App, M),
+                   \+ busy_app(App, _)
+               ->  destroy_app(App, M)
+               ;   true
+               )).
+
+		 /*******************************
+		 *    SLOTS AND THE WORKERS     *
+		 *******************************/
+
+%   request_slot(+App, +Job): run Job when App has a free slot; jobs of
+%   one application wait in their order, others are not affected.
+request_slot(App, Job) :-
+    with_mutex(cod_slots,
+               (   take_slot(App)
+               ->  Ready = true
+               ;   park(App, Job),
+                   Ready = false
+               )),
+    (   Ready == true -> submit(Job) ; true ).
+
+take_slot(App) :-
+    setting(app_slots, Max),
+    (   retract(running(App, N0)) -> true ; N0 = 0 ),
+    (   N0 < Max
+    ->  N is N0 + 1,
+        assertz(running(App, N)),
+        mark_busy(App, 1)
+    ;   assertz(running(App, N0)),
+        fail
+    ).
+
+park(App, Job) :-
+    flag(cod_park_seq, Seq, Seq+1),
+    assertz(parked(App, Seq, Job)).
+
+%   release_slot(+App): one of App's queries is over.  The slot goes to
+%   App's next waiting job, if any.
+release_slot(App) :-
+    with_mutex(cod_slots,
+               (   parked(App, Seq, Job)
+               ->  retract(parked(App, Seq, Job)),
+                   Next = Job
+               ;   retract(running(App, N0)),
+                   N is N0 - 1,
+                   (   N > 0 -> assertz(running(App, N)) ; true ),
+                   mark_busy(App, -1),
+                   Next = none
+               )),
+    (   Next == none -> true ; resume(Next) ).
+
+resume(wake(Thread)) :- !,
+    thread_send_message(Thread, cod_slot).
+resume(Job) :-
+    submit(Job).
+
+mark_busy(App, D) :-
+    (   retract(busy_app(App, N0)) -> true ; N0 = 0 ),
+    N is N0 + D,
+    (   N > 0 -> assertz(busy_app(App, N)) ; true ).
+
+%!  with_app_slot(+App, :Goal)
+%
+%   Run Goal (application code of App, from a direct connection's thread)
+%   once App has a free slot, waiting in App's FIFO otherwise.
+:- meta_predicate with_app_slot(+, 0).
+with_app_slot(App, Goal) :-
+    thread_self(Me),
+    with_mutex(cod_slots,
+               (   take_slot(App)
+               ->  Wait = false
+               ;   park(App, wake(Me)),
+                   Wait = true
+               )),
+    (   Wait == true -> thread_get_message(Me, cod_slot) ; true ),
+    setup_call_cleanup(true, Goal, release_slot(App)).
+
+%   submit(+Job): hand a job to the pool, growing it when every worker
+%   is busy (so a job never waits behind another application's job).
+submit(Job) :-
+    with_mutex(cod_pool, grow_pool),
+    thread_send_message(cod_jobs, Job).
+
+grow_pool :-
+    flag(cod_idle, Idle, Idle),
+    message_queue_property(cod_jobs, size(Queued)),
+    flag(cod_workers, Total, Total),
+    setting(max_threads, Max),
+    (   Idle =< Queued, Total < Max
+    ->  setting(thread_stack, Stack),
+        flag(cod_workers, T, T+1),
+        flag(cod_idle, I, I+1),
+        thread_create(worker_loop, _, [stack_limit(Stack), detached(true)])
+    ;   true
+    ).
+
+worker_loop :-
+    thread_get_message(cod_jobs, job(Id, Op, App)),
+    flag(cod_idle, I0, I0-1),
+    run_op(Id, Op),
+    (   App == none -> true ; release_slot(App) ),
+    flag(cod_idle, I1, I1+1),
+    worker_loop.
 
 		 /*******************************
 		 *          OPERATIONS          *
 		 *******************************/
 
+%   run_op(+Id, +Op): run and reply.  Writes run in a transaction.
+run_op(Id, Op) :-
+    op_kind(Op, Kind),
+    (   Kind == write, Op \== snapshot
+    ->  Runner = with_declarations(transaction(op_result(Op, Result)))
+    ;   Runner = op_result(Op, Result)
+    ),
+    (   catch(Runner, E, true)
+    ->  (   var(E)
+        ->  reply_ok(Id, Result)
+        ;   reply_error(Id, E)
+        )
+    ;   reply_error(Id, error(failed(Op), _))
+    ).
+
 %!  op_result(+Operation, -Result) is det.
 op_result(ping, atom(pong)).
+op_result(stats, json([workers-W, idle-I, app_slots-S])) :-
+    flag(cod_workers, W, W),
+    flag(cod_idle, I, I),
+    setting(app_slots, S).
 op_result(load_system(Text), int(N)) :-
+    % Parse and check everything before the old facts go: a text that does
+    % not read leaves the machine as it was (and the transaction around
+    % every write undoes a failure half-way anyway).
+    parse_terms(cod_sys, Text, Terms, []),
+    maplist(hardware_fact, Terms, Facts),
     forall(cod_sys_hardware_predicate(Name, Arity),
            ( functor(H, Name, Arity), retractall(cod_sys:H) )),
-    parse_terms(cod_sys, Text, Terms, []),
-    foldl(assert_system, Terms, 0, N).
+    maplist(cod_sys_assert, Facts),
+    length(Facts, N).
 op_result(add_system_facts(Texts), int(N)) :-
     must_be(list, Texts),
     maplist(parse_single(cod_sys), Texts, Facts),
@@ -89,42 +377,56 @@ op_result(remove_system_facts(Text), int(N)) :-
     parse_single(cod_sys, Text, Pattern),
     cod_sys_retract(Pattern, N).
 op_result(replace_system_facts(PatternText, Texts), int(N)) :-
-    parse_single(cod_sys, PatternText, Pattern),
-    maplist(parse_single(cod_sys), Texts, Facts),
-    maplist(check_system_fact, Facts),
-    cod_sys_retract(Pattern, _),
-    maplist(cod_sys_assert, Facts),
-    length(Facts, N).
-op_result(add_facts(App, Texts), int(N)) :-
-    add_facts(App, Texts, N).
-op_result(remove_facts(App, Text), int(N)) :-
-    remove_facts(App, Text, N).
-op_result(add_procedure(App, Text), strings(Strs)) :-
-    add_procedure(App, Text, PIs),
-    maplist(pi_string, PIs, Strs).
-op_result(list_facts(App, Pred), strings(Texts)) :-
-    list_facts(App, Pred, Texts).
+    replace_one(PatternText-Texts, 0, N).
+op_result(replace_many(Pairs), int(N)) :-
+    must_be(list, Pairs),
+    foldl(replace_one, Pairs, 0, N).
+op_result(add_facts(App, Owner0, Texts, Limits), json([added-N, usage-U])) :-
+    owner(Owner0, Owner),
+    add_facts(App, Owner, Texts, Limits, N),
+    usage_json(App, U).
+op_result(remove_facts(App, Patterns), json([removed-N, usage-U])) :-
+    remove_facts(App, Patterns, N),
+    usage_json(App, U).
+op_result(add_procedure(App, Text, Persistent, Limits), json([predicates-Strs, usage-U])) :-
+    add_procedure(App, Text, Persistent, Limits, PIs),
+    maplist(pi_string, PIs, Strs),
+    usage_json(App, U).
+op_result(drop_owner(App, Owner0), json([removed-N, usage-U])) :-
+    owner(Owner0, Owner),
+    drop_owner(App, Owner, N),
+    usage_json(App, U).
+op_result(release_app(App), json([usage-U])) :-
+    release_app(App),
+    usage_json(App, U).
 op_result(drop_app(App), atom(ok)) :-
     drop_app(App).
+op_result(list_facts(App, Pred), strings(Texts)) :-
+    list_facts(App, Pred, Texts).
+op_result(list_procedures(App), strings(Texts)) :-
+    list_procedures(App, Texts).
+op_result(usage(App), json(U)) :-
+    usage_pairs(App, U).
 op_result(query(App, Text, Options), Answer) :-
-    run_query(App, Text, Options, Answer).
+    option_limits(Options, Options1),
+    run_query(App, Text, Options1, Answer).
+op_result(evaluate(App, Staged0, Queries, Options), results(Results)) :-
+    maplist(staged_change, Staged0, Staged),
+    option_limits(Options, Options1),
+    evaluate(App, Staged, Queries, Options1, Results).
 op_result(load_library(File), strings(Strs)) :-
     load_library_file(File, Module),
     module_property(Module, exports(PIs)),
     maplist(pi_string, PIs, Strs).
 op_result(snapshot, snapshot(System, Apps)) :-
-    % The whole state, as text that the restore operations below and
-    % add_procedure/2 read back: used to compact the Python-side journal.
+    % The whole state, as text that the restore operations read back:
+    % used to compact the Python side's replay journal.
     findall(T, ( cod_sys_predicate(Name, Arity),
                  functor(H, Name, Arity),
                  clause(cod_sys:H, true),
                  format(string(T), '~k', [H]) ),
             System),
-    findall(App-Texts,
-            ( app(App, _),
-              list_facts(App, all, Texts),
-              Texts \== [] ),
-            Apps).
+    findall(App-State, app_snapshot(App, State), Apps).
 op_result(restore_system(Texts), int(N)) :-
     maplist(parse_single(cod_sys), Texts, Facts),
     maplist(check_system_fact, Facts),
@@ -132,12 +434,28 @@ op_result(restore_system(Texts), int(N)) :-
            ( functor(H, Name, Arity), retractall(cod_sys:H) )),
     maplist(cod_sys_assert, Facts),
     length(Facts, N).
+op_result(restore_app(App, State0), atom(ok)) :-
+    restore_state(State0, State),
+    restore_app(App, State).
+op_result(batch(Ops), list(Results)) :-
+    % Several writes as one: the transaction around every write makes them
+    % all or nothing, and no reader sees some done and others not.
+    must_be(list, Ops),
+    forall(member(Op, Ops),
+           (   op_kind(Op, write), Op \= batch(_), Op \== snapshot
+           ->  true
+           ;   domain_error(batchable_write, Op)
+           )),
+    maplist(op_result, Ops, Results).
+op_result(grant(Token, App), atom(ok)) :-
+    grant_token(Token, App).
+op_result(revoke(Token), atom(ok)) :-
+    revoke_token(Token).
 op_result(time_query(App, Text, Times), times(Us, CpuPerCall)) :-
     % Runs a query Times times inside the engine and reports the wall time
     % of each limited call, and the engine's CPU time per whole query
     % operation (parsing, safety check, limits, query), averaged over the
-    % run because the CPU clock is coarse.  CPU time is not inflated when
-    % the VM runs something else.  For bench/.
+    % run because the CPU clock is coarse.  For bench/.
     statistics(cputime, C0),
     length(Us, Times),
     maplist(time_once(App, Text), Us),
@@ -146,6 +464,48 @@ op_result(time_query(App, Text, Times), times(Us, CpuPerCall)) :-
 
 time_once(App, Text, Us) :-
     run_query(App, Text, [all(false)], answer(_, _, Us)).
+
+%   The engine keeps its own ceilings on what a caller may ask for.
+option_limits(Options, Options) :-
+    must_be(list, Options),
+    (   memberchk(time_limit(T), Options)
+    ->  (   number(T), T > 0, T < inf
+        ->  true
+        ;   domain_error(finite_time_limit, T)
+        )
+    ;   true
+    ).
+
+owner(persistent, persistent) :- !.
+owner(conn(Id), conn(Id)) :- integer(Id), !.
+owner(Id, conn(Id)) :- integer(Id), !.
+owner(Other, _) :- domain_error(fact_owner, Other).
+
+staged_change(facts(Owner0, Texts, Limits), facts(Owner, Texts, Limits)) :- !,
+    owner(Owner0, Owner).
+staged_change(C, C).
+
+restore_state(state(Facts0, Procs), state(Facts, Procs)) :-
+    maplist(restore_fact_owners, Facts0, Facts).
+
+restore_fact_owners(Text-Owners0, Text-Owners) :-
+    maplist(owner, Owners0, Owners).
+
+usage_pairs(App, [facts-F, fact_chars-FC, clauses-C, clause_chars-CC]) :-
+    app_usage(App, usage(F, FC, C, CC)).
+
+usage_json(App, json(U)) :-
+    usage_pairs(App, U).
+
+replace_one(PatternText-Texts, N0, N) :-
+    parse_single(cod_sys, PatternText, Pattern),
+    must_be(list, Texts),
+    maplist(parse_single(cod_sys), Texts, Facts),
+    maplist(check_system_fact, Facts),
+    cod_sys_retract(Pattern, _),
+    maplist(cod_sys_assert, Facts),
+    length(Facts, K),
+    N is N0 + K.
 
 pi_string(Name/Arity, S) :-
     format(string(S), '~q/~w', [Name, Arity]).
@@ -157,15 +517,13 @@ parse_single(M, Text, Term) :-
     ;   domain_error(single_term, Text)
     ).
 
-assert_system(Fact-_, N0, N) :-
+hardware_fact(Fact-_, Fact) :-
     check_system_fact(Fact),
     functor(Fact, Name, Arity),
     (   cod_sys_hardware_predicate(Name, Arity)
     ->  true
     ;   domain_error(cod_hardware_fact, Name/Arity)
-    ),
-    cod_sys_assert(Fact),
-    N is N0 + 1.
+    ).
 
 check_system_fact(Fact) :-
     must_be(callable, Fact),
@@ -190,18 +548,66 @@ load_library_file(File, Module) :-
     register_library(Module).
 
 		 /*******************************
+		 *        DIRECT QUERIES        *
+		 *******************************/
+
+%   direct_query(+App, +Goal, +Options, -Answer): a query of a direct
+%   connection, under App's slots and the same limits as the control
+%   channel's queries.
+:- public direct_query/4.
+direct_query(App, Goal, Options, Answer) :-
+    option_limits(Options, Options1),
+    with_app_slot(App, run_query(App, Goal, Options1, Answer)).
+
+		 /*******************************
 		 *           REPLIES            *
 		 *******************************/
 
-reply_ok(Out, Id, Result) :-
-    format(Out, '{"id":~w,"ok":', [Id]),
-    write_result(Out, Result),
-    write(Out, '}\n'),
-    flush_output(Out).
+reply_ok(Id, Result) :-
+    (   catch(with_output_to(string(Line),
+                             ( format('{"id":~w,"ok":', [Id]),
+                               write_result(current_output, Result),
+                               write('}') )),
+              E, true)
+    ->  (   var(E)
+        ->  (   Result = snapshot(_, _)     % trusted, read by the journal alone
+            ->  send_line(Line)
+            ;   send_checked(Id, Line)
+            )
+        ;   reply_error(Id, E)
+        )
+    ;   reply_error(Id, error(failed(reply), _))
+    ).
+
+%   send_checked(+Id, +Line): a reply over the size limit is an error for
+%   its own caller only (nothing of it is sent).
+send_checked(Id, Line) :-
+    string_length(Line, Len),
+    setting(max_reply_bytes, Max),
+    (   Len > Max
+    ->  reply_error(Id, error(resource_error(cod_reply(Len, Max)), _))
+    ;   send_line(Line)
+    ).
+
+send_line(Line) :-
+    protocol_out(Out),
+    with_mutex(cod_out,
+               ( write(Out, Line),
+                 nl(Out),
+                 flush_output(Out) )).
 
 write_result(Out, int(N)) :- write(Out, N).
 write_result(Out, atom(A)) :- json_write_text(Out, A).
 write_result(Out, strings(L)) :- json_write_value(Out, L).
+write_result(Out, json(Pairs)) :- json_write_object(Out, Pairs).
+write_result(Out, list(Results)) :-
+    put_char(Out, '['),
+    write_result_list(Results, Out),
+    put_char(Out, ']').
+write_result(Out, results(Rs)) :-
+    put_char(Out, '['),
+    write_results(Rs, Out),
+    put_char(Out, ']').
 write_result(Out, times(L, Cpu)) :-
     write(Out, '{"wall_us":'),
     json_write_value(Out, L),
@@ -210,203 +616,68 @@ write_result(Out, snapshot(System, Apps)) :-
     write(Out, '{"system":'),
     json_write_value(Out, System),
     write(Out, ',"apps":{'),
-    write_app_pairs(Apps, Out),
+    write_app_states(Apps, Out),
     write(Out, '}}').
 write_result(Out, answer(Solutions, Truncated, Us)) :-
-    write(Out, '{"solutions":['),
-    write_solutions(Solutions, Out),
-    format(Out, '],"truncated":~w,"elapsed_us":~w}', [Truncated, Us]).
+    write_answer(Out, answer(Solutions, Truncated, Us)).
 
-write_app_pairs([], _).
-write_app_pairs([App-Texts|T], Out) :-
+write_result_list([], _).
+write_result_list([R|T], Out) :-
+    write_result(Out, R),
+    (   T == [] -> true ; put_char(Out, ','), write_result_list(T, Out) ).
+
+write_results([], _).
+write_results([R|T], Out) :-
+    write_one_result(Out, R),
+    (   T == [] -> true ; put_char(Out, ','), write_results(T, Out) ).
+
+write_one_result(Out, value(V)) :-
+    write(Out, '{"value":'), json_write_value(Out, V), put_char(Out, '}').
+write_one_result(Out, none) :-
+    write(Out, '{"none":true}').
+write_one_result(Out, error(E)) :-
+    write(Out, '{"error":'), write_error_object(Out, E), put_char(Out, '}').
+
+write_app_states([], _).
+write_app_states([App-state(Facts, Procs)|T], Out) :-
     json_write_text(Out, App),
-    put_char(Out, ':'),
-    json_write_value(Out, Texts),
-    (   T == [] -> true ; put_char(Out, ','), write_app_pairs(T, Out) ).
+    write(Out, ':{"facts":['),
+    write_fact_states(Facts, Out),
+    write(Out, '],"procedures":['),
+    write_proc_states(Procs, Out),
+    write(Out, ']}'),
+    (   T == [] -> true ; put_char(Out, ','), write_app_states(T, Out) ).
 
-write_solutions([], _).
-write_solutions([S|T], Out) :-
-    write_solution(Out, S),
-    (   T == []
+write_fact_states([], _).
+write_fact_states([Text-Owners|T], Out) :-
+    put_char(Out, '['),
+    json_write_text(Out, Text),
+    write(Out, ',['),
+    write_owners(Owners, Out),
+    write(Out, ']]'),
+    (   T == [] -> true ; put_char(Out, ','), write_fact_states(T, Out) ).
+
+write_owners([], _).
+write_owners([O|T], Out) :-
+    (   O = conn(Id) -> write(Out, Id) ; json_write_text(Out, O) ),
+    (   T == [] -> true ; put_char(Out, ','), write_owners(T, Out) ).
+
+write_proc_states([], _).
+write_proc_states([Text-P|T], Out) :-
+    put_char(Out, '['),
+    json_write_text(Out, Text),
+    format(Out, ',~w]', [P]),
+    (   T == [] -> true ; put_char(Out, ','), write_proc_states(T, Out) ).
+
+reply_error(Id, E) :-
+    (   catch(with_output_to(string(Line),
+                             ( format('{"id":~w,"error":', [Id]),
+                               write_error_object(current_output, E),
+                               write('}') )),
+              _, fail)
     ->  true
-    ;   put_char(Out, ','),
-        write_solutions(T, Out)
-    ).
-
-write_solution(Out, Pairs) :-
-    put_char(Out, '{'),
-    write_pairs(Pairs, Out),
-    put_char(Out, '}').
-
-write_pairs([], _).
-write_pairs([K-V|T], Out) :-
-    json_write_text(Out, K),
-    put_char(Out, ':'),
-    json_write_value(Out, V),
-    (   T == []
-    ->  true
-    ;   put_char(Out, ','),
-        write_pairs(T, Out)
-    ).
-
-reply_error(Out, Id, E) :-
-    error_code(E, Code),
-    error_message(E, Message),
-    error_data(E, Data),
-    format(Out, '{"id":~w,"error":{"code":', [Id]),
-    json_write_text(Out, Code),
-    write(Out, ',"message":'),
-    json_write_text(Out, Message),
-    write(Out, ',"data":{'),
-    write_pairs(Data, Out),
-    write(Out, '}}}\n'),
-    flush_output(Out).
-
-%   error_code(+Error, -Code): the stable code clients switch on.
-error_code(cod_limit(time), timeout) :- !.
-error_code(time_limit_exceeded, timeout) :- !.
-error_code(time_limit_exceeded(_), timeout) :- !.
-error_code(error(Formal, Ctx), Code) :-
-    nonvar(Formal), nonvar(Ctx), formal_code(Formal, Code, Ctx), !.
-error_code(error(Formal, _), Code) :- nonvar(Formal), formal_code(Formal, Code), !.
-error_code(_, engine).
-
-formal_code(syntax_error(_), syntax_error).
-formal_code(permission_error(call, sandboxed, _), unsafe).
-formal_code(permission_error(catch, reserved_exception, _), unsafe).
-formal_code(permission_error(call, module_qualified, _), unsafe).
-formal_code(permission_error(call, database_change, _), unsafe).
-formal_code(permission_error(_, _, _), permission).
-formal_code(resource_error(_), resource).
-formal_code(existence_error(_, _), existence).
-formal_code(type_error(_, _), type).
-formal_code(domain_error(_, _), domain).
-formal_code(instantiation_error, instantiation).
-formal_code(uninstantiation_error(_), instantiation).
-formal_code(representation_error(_), domain).
-formal_code(evaluation_error(_), evaluation).
-formal_code(failed(_), failed).
-
-formal_code(instantiation_error, unsafe, sandbox(_, _)).
-
-%   error_data(+Error, -Pairs): machine-readable details.
-error_data(error(Formal, Context), Data) :-
-    nonvar(Context), !,
-    findall(K-V, ( error_datum(Formal, Context, K, V)
-                 ; formal_datum(Formal, K, V) ), Data).
-error_data(error(Formal, _), Data) :- !,
-    findall(K-V, formal_datum(Formal, K, V), Data).
-error_data(_, []).
-
-formal_datum(permission_error(catch, reserved_exception, _), predicate, "catch/3") :- !.
-formal_datum(permission_error(_, _, Culprit), predicate, S) :-
-    culprit_pi(Culprit, S).
-formal_datum(existence_error(procedure, Culprit), predicate, S) :-
-    culprit_pi(Culprit, S).
-formal_datum(resource_error(R), resource, S) :-
-    format(string(S), '~w', [R]).
-
-error_datum(syntax_error(_), Ctx, line, L) :- ctx_position(Ctx, L, _).
-error_datum(syntax_error(_), Ctx, column, C) :- ctx_position(Ctx, _, C).
-error_datum(_, fact(I, _), index, I) :- integer(I).
-error_datum(_, inference_limit(N), inference_limit, N) :- integer(N).
-
-ctx_position(text_position(L, C), L, C).
-ctx_position(fact(_, Ctx), L, C) :- ctx_position(Ctx, L, C).
-
-culprit_pi(V, "_") :- var(V), !.
-culprit_pi(M:G, S) :- !,
-    culprit_pi(G, S0),
-    (   sub_atom(M, 0, _, _, app_) -> S = S0
-    ;   format(string(S), '~q:~w', [M, S0])
-    ).
-culprit_pi(Name/Arity, S) :- !,
-    format(string(S), '~q/~w', [Name, Arity]).
-culprit_pi(G, S) :-
-    callable(G), !,
-    functor(G, Name, Arity),
-    format(string(S), '~q/~w', [Name, Arity]).
-culprit_pi(G, S) :-
-    format(string(S), '~q', [G]).
-
-%   error_message(+Error, -Message): one readable line.
-error_message(E, Message) :-
-    catch(message_text(E, Message), _, fail), !.
-error_message(E, Message) :-
-    format(string(Message), '~q', [E]).
-
-message_text(cod_limit(time), "query exceeded its time limit") :- !.
-message_text(time_limit_exceeded, "query exceeded its time limit") :- !.
-message_text(error(permission_error(call, sandboxed, Name/Arity), cod_guard(_)), M) :- !,
-    denied_reason(Name, Arity, Why),
-    format(string(M), 'unsafe goal: calling ~q/~w is not allowed in the sandbox: ~s', [Name, Arity, Why]).
-message_text(error(permission_error(catch, reserved_exception, C), cod_guard(PI)), M) :- !,
-    (   var(C)
-    ->  format(string(M), 'unsafe goal: ~w must name the exceptions it catches (its catcher is unbound, so it would catch the SKB\'s time and inference limits)', [PI])
-    ;   format(string(M), 'unsafe goal: ~w may not catch ~q: the SKB\'s limits throw it', [PI, C])
-    ).
-message_text(error(domain_error(operator_fact, F), _), M) :- !,
-    format(string(M), '~q is read as the operator term ~k, not as a fact: a fact\'s name is one word, such as db_rtime', [F, F]).
-message_text(error(domain_error(ground_fact, F), _), M) :- !,
-    format(string(M), 'a fact must be ground (no variables): ~k; a word starting with a capital letter or _ is a variable in Prolog, quote it (e.g. \'Zurich\')', [F]).
-message_text(time_limit_exceeded(_), "query exceeded its time limit") :- !.
-message_text(error(permission_error(call, sandboxed, G), Ctx), M) :- !,
-    culprit_pi(G, PI),
-    reached_from(Ctx, Via),
-    format(string(M), 'unsafe goal: calling ~w is not allowed in the sandbox~w', [PI, Via]).
-message_text(error(instantiation_error, sandbox(G, _)), M) :- !,
-    format(string(M), 'unsafe goal: the sandbox cannot tell which predicate ~q calls (meta-calls must name their goal)', [G]).
-message_text(error(permission_error(call, module_qualified, _), _), M) :- !,
-    M = "unsafe goal: module-qualified goals are not allowed (an application sees only its own facts and the system predicates)".
-message_text(error(permission_error(call, database_change, PI), _), M) :- !,
-    culprit_pi(PI, S),
-    format(string(M), 'unsafe goal: ~w changes the database; use add_facts/remove_facts instead', [S]).
-message_text(error(permission_error(modify, static_procedure, PI), _), M) :- !,
-    culprit_pi(PI, S),
-    format(string(M), 'cannot redefine ~w: it is a built-in, system-level or library predicate', [S]).
-message_text(error(permission_error(modify, module, Q), _), M) :- !,
-    format(string(M), 'cannot write into another namespace: ~q', [Q]).
-message_text(error(permission_error(execute, directive, D), _), M) :- !,
-    format(string(M), 'directives are not allowed: ~q', [(:- D)]).
-message_text(error(resource_error(inferences), inference_limit(N)), M) :- !,
-    format(string(M), 'query exceeded its inference limit (~D inferences)', [N]).
-message_text(error(resource_error(R), _), M) :- !,
-    format(string(M), 'query ran out of resources: ~w (memory limit of the engine)', [R]).
-message_text(error(syntax_error(What), Ctx), M) :-
-    ctx_position(Ctx, L, C), !,
-    syntax_what(What, W),
-    format(string(M), 'syntax error at line ~w, column ~w: ~w', [L, C, W]).
-message_text(error(syntax_error(What), _), M) :- !,
-    syntax_what(What, W),
-    format(string(M), 'syntax error: ~w', [W]).
-message_text(error(existence_error(procedure, PI), _), M) :- !,
-    culprit_pi(PI, S),
-    format(string(M), 'unknown procedure ~w', [S]).
-message_text(error(domain_error(cod_app_name, App), _), M) :- !,
-    format(string(M), 'invalid application name ~q: use [a-z][a-z0-9_]*, at most 64 characters', [App]).
-message_text(error(domain_error(cod_system_fact, PI), _), M) :- !,
-    format(string(M), '~w is not a system-level predicate of the SKB schema', [PI]).
-message_text(error(failed(_), _), "operation failed") :- !.
-message_text(E, M) :-
-    message_to_string(E, M).
-
-syntax_what(What, W) :-
-    (   atom(What)
-    ->  atomic_list_concat(Parts, '_', What),
-        atomic_list_concat(Parts, ' ', W)
-    ;   format(atom(W), '~w', [What])
-    ).
-
-message_to_string(Term, String) :-
-    phrase('$messages':translate_message(Term), Lines),
-    with_output_to(string(String0), print_message_lines(current_output, '', Lines)),
-    split_string(String0, "\n", " \n", Parts0),
-    exclude(==(""), Parts0, Parts),
-    atomic_list_concat(Parts, ' ', A),
-    atom_string(A, String).
-
-reached_from(sandbox(_, Parents), Via) :-
-    is_list(Parents), last(Parents, Top), !,
-    culprit_pi(Top, PI),
-    format(string(Via), ' (reached from ~w)', [PI]).
-reached_from(_, "").
+    ;   format(string(Line),
+               '{"id":~w,"error":{"code":"engine","message":"the error could not be reported","data":{}}}',
+               [Id])
+    ),
+    send_line(Line).

@@ -18,7 +18,7 @@ import sys
 import threading
 from typing import Any
 
-from cod.client import Client, CODError
+from cod.client import Client, CodError
 
 # Listing 1, lines 11-15: the dataset and the workload.
 def cscs_facts(sla_ms: int) -> list[str]:
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             final = client.allocation("cscs")
             show("allocation", {k: final[k] for k in ("epoch", "cores", "numa_nodes", "memory_nodes")})
             return 0
-    except CODError as err:
+    except CodError as err:
         print(f"listing1: {err}", file=sys.stderr)
         return 1
 

@@ -1,4 +1,4 @@
-"""Runs the global allocator for the RM: one run at a time, off the event loop, on a snapshot.
+"""The daemon's side of the global allocator: one run at a time, off the event loop, on a snapshot.
 
 Policy lives in cod.rm.allocator; this module only adapts the RM's tasks to it
 and back.  The allocator is pure Python / OR-Tools, so it runs in a worker
@@ -43,7 +43,7 @@ def _run_allocator(
                 result.status, {t.name: tuple(t.binding) for t in result.tasks}, unavailable)
 
 
-class AllocatorRunner:
+class Planner:
     def __init__(self, machine: Machine, solver: str = "cpsat", time_limit_s: float = 1.0) -> None:
         self.machine = machine
         self.solver = solver

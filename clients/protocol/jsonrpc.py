@@ -1,4 +1,5 @@
-"""JSON-RPC 2.0 message shapes and the RM's error codes (see docs/protocol.md).
+"""JSON-RPC 2.0 message shapes, the protocol version, the error codes, and the
+names of methods and events (see docs/protocol.md).
 
 Validation only: nothing here touches a socket or the SKB.  Every problem with a
 message becomes an `RpcError` whose code and message the peer will read.
@@ -7,10 +8,16 @@ message becomes an `RpcError` whose code and message the peer will read.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import CodError
+
 PROTOCOL_VERSION = 1
+# Deeper JSON is refused before anything is done with it (a reader that
+# recursed into it could not answer any more).
+MAX_JSON_DEPTH = 64
 
 # Standard JSON-RPC 2.0 codes.
 PARSE_ERROR = -32700
@@ -26,8 +33,10 @@ PERMISSION_DENIED = -32010
 NOT_FOUND = -32020
 ALREADY_EXISTS = -32021
 ADMISSION_REFUSED = -32030
+QUOTA_EXCEEDED = -32031
 SHUTTING_DOWN = -32060
 TOO_BUSY = -32070
+TIMED_OUT = -32071
 # SKB errors: -32040 - index of SKBError.code in this list (data.skb_code holds the name).
 SKB_ERROR_BASE = -32040
 SKB_CODES = (
@@ -43,7 +52,13 @@ SKB_CODES = (
     "evaluation",     # -32049
     "engine",         # -32050
     "invalid",        # -32051
+    "quota",          # -32052
 )
+
+
+def skb_rpc_codes() -> str:
+    """The SKB-code table as the SKB server's --rpc-codes setting ("syntax_error=-32040,...")."""
+    return ",".join(f"{name}={SKB_ERROR_BASE - i}" for i, name in enumerate(SKB_CODES))
 
 
 def skb_error_code(skb_code: str) -> int:
@@ -53,7 +68,28 @@ def skb_error_code(skb_code: str) -> int:
         return SKB_ERROR_BASE - SKB_CODES.index("engine")
 
 
-class RpcError(Exception):
+# Methods of the daemon's socket (docs/protocol.md); cod.rm.handlers implements each.
+METHODS = (
+    "hello", "register_task", "update_task", "deregister_task", "add_facts", "remove_facts",
+    "add_procedure", "execute_query", "subscribe", "unsubscribe", "request_allocation",
+    "ack_allocation", "get_allocation", "list_tasks", "batch",
+)
+# Methods of the SKB's direct query socket (cod_direct.pl).
+DIRECT_METHODS = ("hello", "execute_query", "ping")
+
+# Events a client may subscribe to, and the filter keys each understands.
+EVENTS = ("allocation_changed", "task_arrived", "task_left", "facts_changed")
+FILTER_KEYS: dict[str, frozenset[str]] = {
+    "allocation_changed": frozenset({"task", "app"}),
+    "task_arrived": frozenset({"task", "app"}),
+    "task_left": frozenset({"task", "app"}),
+    "facts_changed": frozenset({"predicate", "app", "scope"}),
+}
+# Sent to every connection, without a subscription, when the daemon stops.
+SHUTDOWN_EVENT = "shutdown"
+
+
+class RpcError(CodError):
     """An error reply: `code`, `message` and optional structured `data`."""
 
     def __init__(self, code: int, message: str, data: dict[str, Any] | None = None) -> None:
@@ -88,6 +124,15 @@ def parse_request(body: bytes) -> Request:
         msg = json.loads(body.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
         raise RpcError(PARSE_ERROR, f"frame is not UTF-8 JSON: {err}") from None
+    except RecursionError:
+        raise RpcError(PARSE_ERROR, f"frame nests deeper than {MAX_JSON_DEPTH} levels") from None
+    problem = json_problem(msg)
+    if problem is not None:
+        code, text = problem
+        rid = msg.get("id") if isinstance(msg, dict) else None
+        if not isinstance(rid, (int, str)) or isinstance(rid, bool) or json_problem(rid) is not None:
+            rid = None
+        raise RpcError(code, f"frame {text}", {"id": rid})
     if not isinstance(msg, dict):
         raise RpcError(INVALID_REQUEST, f"a request must be a JSON object, not {type(msg).__name__}")
     rid = msg.get("id")
@@ -105,6 +150,33 @@ def parse_request(body: bytes) -> Request:
     if not isinstance(params, dict):
         raise RpcError(INVALID_REQUEST, '"params" must be an object (by-name parameters)', ctx)
     return Request(method, params, rid)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_problem(value: Any) -> tuple[int, str] | None:
+    """Why a decoded JSON value cannot be handled, as (error code, reason), or None.
+
+    Too deep a nesting is a parse error; a string that is not text (an
+    unpaired surrogate, which json accepts as an escape) an invalid request."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, str):
+            if _SURROGATE.search(v):
+                return INVALID_REQUEST, "holds a string with an unpaired surrogate, which is not text"
+        elif isinstance(v, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                return PARSE_ERROR, f"nests deeper than {MAX_JSON_DEPTH} levels"
+            if isinstance(v, dict):
+                for key, x in v.items():
+                    if _SURROGATE.search(key):
+                        return INVALID_REQUEST, "holds a key with an unpaired surrogate, which is not text"
+                    stack.append((x, depth + 1))
+            else:
+                stack.extend((x, depth + 1) for x in v)
+    return None
 
 
 def response(rid: int | str | None, result: Any) -> dict[str, Any]:

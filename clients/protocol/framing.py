@@ -12,13 +12,15 @@ import json
 import struct
 from typing import Any
 
+from .errors import CodError
+
 HEADER = struct.Struct(">I")
 HEADER_SIZE = HEADER.size
 # Largest frame body either side accepts (1 MiB): a batch of a few thousand facts fits easily.
 MAX_FRAME_BYTES = 1 << 20
 
 
-class FrameError(Exception):
+class FrameError(CodError):
     """The byte stream cannot be framed any more; the connection must be closed."""
 
 

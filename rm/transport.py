@@ -1,9 +1,16 @@
-"""Transport: the Unix socket, peer credentials, framing and per-connection request order.
+"""Transport: the Unix socket, peer credentials, framing, per-connection request order, and time limits.
 
 One asyncio task reads each connection and feeds a bounded queue; a second task
 runs that connection's requests in order (so a client may pipeline
 `add_facts` then `execute_query`).  The queue bound is the backpressure: a peer
 that floods requests stops being read, so the daemon's memory stays bounded.
+
+Every peer is bounded in time as well (docs/design-rm.md, "Threat model"): it
+must say hello within ``hello_timeout_s``; once a frame has begun, its bytes
+must arrive within ``frame_timeout_s``; what the daemon sends must be read
+within ``write_timeout_s``.  A peer that does not is disconnected, with a
+reason when it can still read one.  Who may connect at all (per-uid caps,
+the share kept for root) is asked of the ResourceManager.
 Everything about what a request *means* lives in `cod.rm.handlers`.
 """
 
@@ -20,11 +27,13 @@ import stat
 import struct
 from typing import Any, Awaitable, Callable
 
-from .config import RMConfig
-from .framing import FrameDecoder, FrameError, encode
-from .jsonrpc import (
+from cod.protocol.errors import CodError
+from cod.protocol.framing import FrameDecoder, FrameError, encode
+from cod.protocol.jsonrpc import (
+    HELLO_REQUIRED,
     INTERNAL_ERROR,
     INVALID_REQUEST,
+    TIMED_OUT,
     TOO_BUSY,
     RpcError,
     Request,
@@ -32,15 +41,17 @@ from .jsonrpc import (
     parse_request,
     response,
 )
-from .state import Connection, Peer
 
-log = logging.getLogger("cod.rm.server")
+from .config import RMConfig
+from .registry import Connection, Peer
+
+log = logging.getLogger("cod.rm.transport")
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 READ_CHUNK = 256 << 10
 
 
-class SocketInUse(Exception):
+class SocketInUse(CodError):
     """Another daemon answers on the socket path."""
 
 
@@ -74,7 +85,7 @@ def claim_socket_path(path: str) -> None:
     raise SocketInUse(f"another COD RM is already serving on {path}")
 
 
-def _apply_socket_permissions(path: str, cfg: RMConfig) -> None:
+def apply_socket_permissions(path: str, cfg: RMConfig) -> None:
     uid = gid = -1
     if cfg.socket_owner is not None:
         uid = int(cfg.socket_owner) if cfg.socket_owner.isdigit() else pwd.getpwnam(cfg.socket_owner).pw_uid
@@ -98,12 +109,14 @@ class Transport:
         handle: Handler,
         immediate: frozenset[str],
         connection_lost: Callable[[Connection], Awaitable[None]],
+        refusal: Callable[[Peer, int], str | None] = lambda peer, n: None,
     ) -> None:
         self.cfg = cfg
         self._new_connection = new_connection
         self._handle = handle
         self._immediate = immediate  # methods answered at once, ahead of the connection's queue
         self._connection_lost = connection_lost
+        self._refusal = refusal  # (peer, connections open) -> why it may not connect, or None
         self._server: asyncio.base_events.Server | None = None
         self._writers: dict[int, asyncio.StreamWriter] = {}
         self._conn_tasks: set[asyncio.Task[None]] = set()
@@ -115,7 +128,7 @@ class Transport:
         self._server = await asyncio.start_unix_server(
             self._on_connect, path=self.path, limit=READ_CHUNK, backlog=1024
         )
-        _apply_socket_permissions(self.path, self.cfg)
+        apply_socket_permissions(self.path, self.cfg)
         log.info("listening on %s", self.path)
 
     @property
@@ -152,8 +165,9 @@ class Transport:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sock = writer.get_extra_info("socket")
         peer = peer_credentials(sock)
-        if len(self._writers) >= self.cfg.max_connections:
-            writer.write(encode(error_response(None, RpcError(TOO_BUSY, "too many connections"))))
+        why = self._refusal(peer, len(self._writers))
+        if why is not None:
+            writer.write(encode(error_response(None, RpcError(TOO_BUSY, why))))
             writer.close()
             return
         conn = self._new_connection(peer)
@@ -164,9 +178,30 @@ class Transport:
         worker = asyncio.create_task(self._run_queue(conn, queue, writer))
         decoder = FrameDecoder(self.cfg.max_frame_bytes)
         held = 0  # this connection's share of self._buffered_input
+        loop = asyncio.get_running_loop()
+        hello_by = loop.time() + self.cfg.hello_timeout_s
         try:
             while True:
-                data = await reader.read(READ_CHUNK)
+                # How long this peer may stay silent: until its hello is due, or (inside a
+                # frame) until the frame is due; between frames of a greeted peer, for ever.
+                if not conn.hello:
+                    wait = hello_by - loop.time()
+                    late = RpcError(HELLO_REQUIRED, f"no hello within {self.cfg.hello_timeout_s:g} s; closing")
+                elif decoder.pending_bytes:
+                    wait = self.cfg.frame_timeout_s
+                    late = RpcError(TIMED_OUT, f"a frame was not completed within {self.cfg.frame_timeout_s:g} s; closing")
+                else:
+                    wait, late = None, None
+                try:
+                    data = await asyncio.wait_for(reader.read(READ_CHUNK), wait) if wait is not None \
+                        else await reader.read(READ_CHUNK)
+                except TimeoutError:
+                    assert late is not None
+                    if conn.hello and not decoder.pending_bytes:
+                        continue  # its hello was answered meanwhile: it may be silent now
+                    self.send(conn, error_response(None, late))
+                    log.info("connection %d (pid %d uid %d): %s", conn.id, peer.pid, peer.uid, late.message)
+                    break
                 if not data:
                     if decoder.pending_bytes:
                         log.info("connection %d closed in the middle of a frame", conn.id)
@@ -198,6 +233,7 @@ class Transport:
                         await self._answer(conn, req)
                     else:
                         await queue.put(req)
+
         except (ConnectionError, OSError):
             pass
         except asyncio.CancelledError:
@@ -239,7 +275,11 @@ class Transport:
                 return
             await self._answer(conn, req)
             try:
-                await writer.drain()
+                await asyncio.wait_for(writer.drain(), self.cfg.write_timeout_s)
+            except TimeoutError:
+                log.info("connection %d (pid %d) reads nothing of what is sent; closing it", conn.id, conn.peer.pid)
+                writer.transport.abort()
+                return
             except (ConnectionError, OSError):
                 return
 

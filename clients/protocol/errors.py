@@ -1,0 +1,14 @@
+"""The root of COD's errors.
+
+Every error class of the package derives from :class:`CodError`, so a caller
+can catch everything COD raises with one ``except`` and still tell the kinds
+apart (``SKBError``, ``RpcError``, ``EnforceError``, ``FactsError``, the
+client's ``RMError`` ...).  It lives here, in the module every other part
+imports, because clients must not need the daemon's modules to catch it.
+"""
+
+from __future__ import annotations
+
+
+class CodError(Exception):
+    """Base class of every error raised by COD."""

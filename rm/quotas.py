@@ -1,0 +1,64 @@
+"""How much each application and each uid may hold and ask for: pure rules over the registry.
+
+Facts and procedures are counted by the SKB (it reports every
+application's usage after each write); the limits a write may reach are
+the smaller of the application's own and what its uid has left over its
+other applications.  Task admission is bounded by uid too: how many tasks,
+how many cores in all (``min_cores``), how high a priority, for a uid that
+is not privileged (root or the daemon's own user).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cod.skb import Limits
+
+from .config import PRIORITY_MAX, PRIORITY_MIN, RMConfig
+from .registry import Registry, Usage
+
+
+def write_limits(cfg: RMConfig, registry: Registry, app: str, uid: int) -> Limits:
+    """What ``app`` (owned by ``uid``) may hold after a write."""
+    mine = registry.usage.get(app, Usage())
+    total = registry.uid_usage(uid)
+
+    def left(app_max: int, uid_max: int, mine_now: int, total_now: int) -> int:
+        return min(app_max, uid_max - (total_now - mine_now))
+
+    return Limits(
+        facts=left(cfg.app_max_facts, cfg.uid_max_facts, mine.facts, total.facts),
+        fact_chars=left(cfg.app_max_fact_bytes, cfg.uid_max_fact_bytes, mine.fact_chars, total.fact_chars),
+        clauses=left(cfg.app_max_clauses, cfg.uid_max_clauses, mine.clauses, total.clauses),
+        clause_chars=left(cfg.app_max_clause_bytes, cfg.uid_max_clause_bytes, mine.clause_chars, total.clause_chars),
+    )
+
+
+def unprivileged_core_budget(cfg: RMConfig, n_cpus: int) -> int:
+    """Most ``min_cores`` a non-privileged uid may hold over all its tasks."""
+    return cfg.unprivileged_max_cores or max(1, n_cpus - 1)
+
+
+def task_refusal(cfg: RMConfig, registry: Registry, uid: int, privileged: bool, name: str,
+                 properties: dict[str, Any], n_cpus: int) -> str | None:
+    """Why a task with ``properties`` may not be registered or updated by ``uid`` (None: it may)."""
+    priority = properties.get("priority", 0)
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        if not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            return f"priority {priority} is outside {PRIORITY_MIN}..{PRIORITY_MAX}"
+        if not privileged and priority > cfg.unprivileged_max_priority:
+            return (f"priority {priority} is above {cfg.unprivileged_max_priority}, "
+                    f"the highest an unprivileged uid may give (setting unprivileged_max_priority)")
+    if privileged:
+        return None
+    others = [t for t in registry.uid_tasks(uid) if t.name != name]
+    if len(others) + 1 > cfg.max_tasks_per_uid:
+        return f"uid {uid} has {len(others)} tasks; the limit is {cfg.max_tasks_per_uid} (max_tasks_per_uid)"
+    min_cores = properties.get("min_cores", 1)
+    if isinstance(min_cores, int):
+        budget = unprivileged_core_budget(cfg, n_cpus)
+        held = sum(t.spec.min_cores for t in others)
+        if held + min_cores > budget:
+            return (f"uid {uid} would reserve {held + min_cores} cores with min_cores; an unprivileged uid may "
+                    f"reserve at most {budget} of the {n_cpus} CPUs (setting unprivileged_max_cores)")
+    return None

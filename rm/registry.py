@@ -1,0 +1,216 @@
+"""Who is connected, which applications and tasks exist, who may do what, and who listens.
+
+Plain data owned by the event loop; no I/O and no SKB calls here, so every
+rule (who owns a name, which subscriber wants which event, how many
+connections a uid may hold) can be tested directly.  The allocation's
+epochs live in :mod:`cod.rm.epochs`; the handlers never change this state
+themselves, the ResourceManager does (:mod:`cod.rm.service`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# Names of the form uid<N>.* are reserved for uid N: the daemon gives a client
+# that names no application the name uid<UID>.pid<PID>, and nobody else may
+# take it first.
+_RESERVED = re.compile(r"uid(\d+)\.")
+
+
+def default_app_name(uid: int, pid: int) -> str:
+    return f"uid{uid}.pid{pid}"
+
+
+def reserved_for(name: str) -> int | None:
+    """The uid a name is reserved for (uid<N>.*), or None."""
+    m = _RESERVED.match(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class Peer:
+    """Who is on the other end of a connection (from SO_PEERCRED)."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+@dataclass
+class Subscription:
+    id: int
+    conn_id: int
+    event: str
+    filter: dict[str, Any]
+
+    def matches(self, event: str, payload: dict[str, Any]) -> bool:
+        if event != self.event:
+            return False
+        for key, wanted in self.filter.items():
+            if key == "predicate":
+                names = payload.get("predicates", [])
+                wanted_set = {wanted} if isinstance(wanted, str) else set(wanted)
+                if not wanted_set.intersection(names):
+                    return False
+            else:
+                have = payload.get(key)
+                if isinstance(wanted, list):
+                    if have not in wanted:
+                        return False
+                elif have != wanted:
+                    return False
+        return True
+
+
+@dataclass
+class Task:
+    name: str
+    pid: int
+    app: str
+    conn_id: int
+    owner_uid: int
+    spec: Any  # the allocator's TaskSpec
+    properties: dict[str, Any]  # as the client gave them (derived ones as their query)
+    auto_subscription: int | None = None
+    children: set[int] = field(default_factory=set)  # processes it forked, pinned with it
+
+    def pids(self) -> list[int]:
+        return [self.pid, *sorted(self.children)]
+
+
+@dataclass
+class Connection:
+    id: int
+    peer: Peer
+    app: str | None = None
+    hello: bool = False
+    privileged: bool = False
+    tasks: set[str] = field(default_factory=set)
+    subscriptions: set[int] = field(default_factory=set)
+    token: str | None = None  # the capability of its direct query channel
+    send: Callable[[dict[str, Any]], None] | None = None  # queues one message to the peer
+
+
+@dataclass
+class Usage:
+    """What an application holds in the SKB, as the SKB last reported it."""
+
+    facts: int = 0
+    fact_chars: int = 0
+    clauses: int = 0
+    clause_chars: int = 0
+
+    @classmethod
+    def from_reply(cls, data: dict[str, Any] | None) -> "Usage":
+        data = data or {}
+        return cls(int(data.get("facts", 0)), int(data.get("fact_chars", 0)),
+                   int(data.get("clauses", 0)), int(data.get("clause_chars", 0)))
+
+    def empty(self) -> bool:
+        return self.facts == 0 and self.clauses == 0
+
+
+class Registry:
+    """Connections, applications, tasks and subscriptions, with the ownership rules between them."""
+
+    def __init__(self) -> None:
+        self.connections: dict[int, Connection] = {}
+        self.tasks: dict[str, Task] = {}
+        self.subscriptions: dict[int, Subscription] = {}
+        self.app_owner: dict[str, int] = {}  # application name -> the uid that owns it
+        self.usage: dict[str, Usage] = {}  # application -> what it holds in the SKB
+        self._next_conn = 1
+        self._next_sub = 1
+
+    # ---- connections -----------------------------------------------------------------------
+    def add_connection(self, peer: Peer, privileged: bool) -> Connection:
+        conn = Connection(self._next_conn, peer, privileged=privileged)
+        self._next_conn += 1
+        self.connections[conn.id] = conn
+        return conn
+
+    def app_connections(self, app: str) -> list[Connection]:
+        return [c for c in self.connections.values() if c.app == app]
+
+    def uid_connections(self, uid: int) -> int:
+        return sum(1 for c in self.connections.values() if c.peer.uid == uid)
+
+    def remove_connection(self, conn_id: int) -> tuple[list[Task], Connection | None]:
+        """Forget a connection and everything it owned; returns its tasks (now gone) and itself."""
+        conn = self.connections.pop(conn_id, None)
+        if conn is None:
+            return [], None
+        gone = [self.tasks.pop(name) for name in sorted(conn.tasks) if name in self.tasks]
+        for sid in conn.subscriptions:
+            self.subscriptions.pop(sid, None)
+        return gone, conn
+
+    # ---- application names -----------------------------------------------------------------
+    def name_refusal(self, uid: int, app: str, privileged: bool) -> str | None:
+        """Why uid may not use application ``app`` (None: it may)."""
+        if privileged:
+            return None
+        reserved = reserved_for(app)
+        if reserved is not None and reserved != uid:
+            return f"application names uid{reserved}.* are reserved for uid {reserved}"
+        owner = self.app_owner.get(app)
+        if owner is not None and owner != uid:
+            return f"application namespace {app!r} belongs to uid {owner}"
+        return None
+
+    def claim_app(self, conn: Connection, app: str) -> None:
+        self.app_owner.setdefault(app, conn.peer.uid)
+        conn.app = app
+
+    def release_name(self, app: str) -> None:
+        """The application holds nothing and nobody is connected to it: its name is free again."""
+        if not self.app_connections(app) and self.usage.get(app, Usage()).empty():
+            self.app_owner.pop(app, None)
+            self.usage.pop(app, None)
+
+    def uid_usage(self, uid: int) -> Usage:
+        total = Usage()
+        for app, owner in self.app_owner.items():
+            if owner == uid:
+                u = self.usage.get(app)
+                if u is not None:
+                    total.facts += u.facts
+                    total.fact_chars += u.fact_chars
+                    total.clauses += u.clauses
+                    total.clause_chars += u.clause_chars
+        return total
+
+    # ---- tasks -----------------------------------------------------------------------------
+    def uid_tasks(self, uid: int) -> list[Task]:
+        return [t for t in self.tasks.values() if t.owner_uid == uid]
+
+    def task_pids(self) -> dict[int, Task]:
+        return {t.pid: t for t in self.tasks.values()}
+
+    def task_of_pid(self, pid: int) -> Task | None:
+        """The task a process belongs to: its own pid or one of its children."""
+        for t in self.tasks.values():
+            if t.pid == pid or pid in t.children:
+                return t
+        return None
+
+    # ---- subscriptions ---------------------------------------------------------------------
+    def subscribe(self, conn: Connection, event: str, filt: dict[str, Any]) -> Subscription:
+        sub = Subscription(self._next_sub, conn.id, event, dict(filt))
+        self._next_sub += 1
+        self.subscriptions[sub.id] = sub
+        conn.subscriptions.add(sub.id)
+        return sub
+
+    def unsubscribe(self, conn: Connection, sub_id: int) -> bool:
+        sub = self.subscriptions.get(sub_id)
+        if sub is None or sub.conn_id != conn.id:
+            return False
+        del self.subscriptions[sub_id]
+        conn.subscriptions.discard(sub_id)
+        return True
+
+    def subscribers(self, event: str, payload: dict[str, Any]) -> list[Subscription]:
+        return [s for s in self.subscriptions.values() if s.event == event and s.matches(event, payload)]

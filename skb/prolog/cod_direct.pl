@@ -1,0 +1,413 @@
+/*  COD SKB: the direct query channel.
+*/
+
+:- module(cod_direct,
+          [ direct_listen/2,         % +SocketPath, +Options
+            grant_token/2,           % +Token, +App
+            revoke_token/1           % +Token
+          ]).
+:- use_module(library(socket)).
+:- use_module(library(error)).
+:- use_module(library(lists)).
+:- use_module(library(apply)).
+:- use_module(library(option)).
+:- use_module(library(memfile)).
+:- use_module(library(http/json)).
+:- use_module(library(http/http_stream)).
+:- use_module(cod_json).
+:- use_module(cod_errors).
+
+/** <module> Queries in one hop
+
+A client first says `hello` to the Resource Manager, which grants it a
+capability: a random token bound to the client's application
+(grant_token/2, through the control channel).  The client then connects to
+this socket, sends `hello` with the token, and runs `execute_query` here,
+without the Resource Manager in between.  The token dies with the client's
+connection to the Resource Manager (revoke_token/1): later requests are
+refused, and a query running for that token is stopped.
+
+Framing and messages are those of the Resource Manager's socket
+(docs/protocol.md): a 4-byte big-endian length, then that many bytes of
+UTF-8 JSON-RPC 2.0.  A query here runs in exactly the namespace, sandbox,
+slots and limits of the same query sent through the Resource Manager: the
+query itself is run by the server's run_query hook (cod_server.pl).
+
+One thread per connection: a slow or runaway client costs its own thread.
+Before `hello` a connection has hello_timeout seconds; once a frame has
+begun, its remaining bytes must arrive within frame_timeout seconds.
+*/
+
+:- dynamic
+    token/2,               % Token, App
+    conn_token/2,          % Thread, Token
+    direct_option/2.       % Name, Value
+
+:- meta_predicate direct_listen(+, :).
+
+default_option(max_connections, 1024).
+default_option(max_frame_bytes, 1048576).
+default_option(hello_timeout, 5).
+default_option(frame_timeout, 10).
+default_option(max_time_limit, 5).
+default_option(inference_limit, 10000000).
+default_option(rpc_codes, '').
+default_option(stack_limit, 268435456).
+
+%!  direct_listen(+Path, :Options) is det.
+%
+%   Listen on the Unix socket Path.  Options: run_query(:Closure), called
+%   as call(Closure, App, GoalText, QueryOptions, Answer), and the
+%   settings of default_option/2.
+direct_listen(Path, M:Options) :-
+    forall(default_option(Name, Default),
+           (   Opt =.. [Name, Value],
+               option(Opt, Options, Default),
+               retractall(direct_option(Name, _)),
+               assertz(direct_option(Name, Value))
+           )),
+    option(run_query(Run), Options),
+    retractall(direct_option(run_query, _)),
+    assertz(direct_option(run_query, M:Run)),
+    catch(delete_file(Path), _, true),     % a socket left by an engine that died
+    unix_domain_socket(Socket),
+    tcp_bind(Socket, Path),
+    tcp_listen(Socket, 128),
+    tcp_open_socket(Socket, AcceptFd, _),
+    thread_create(accept_loop(AcceptFd), _,
+                  [alias(cod_direct_acceptor), detached(true)]).
+
+%!  grant_token(+Token, +App) is det.
+grant_token(Token, App) :-
+    must_be(atom, Token),
+    must_be(atom, App),
+    retractall(token(Token, _)),
+    assertz(token(Token, App)).
+
+%!  revoke_token(+Token) is det.
+%
+%   The token is no longer valid; connections using it are closed (a
+%   query they run is stopped).
+revoke_token(Token) :-
+    retractall(token(Token, _)),
+    forall(conn_token(Thread, Token),
+           catch(thread_signal(Thread, throw(cod_revoked)), _, true)).
+
+accept_loop(AcceptFd) :-
+    repeat,
+    catch(tcp_accept(AcceptFd, Socket, _Peer), E, (print_message(warning, E), fail)),
+    direct_option(max_connections, Max),
+    flag(cod_direct_connections, N, N),
+    (   N >= Max
+    ->  tcp_close_socket(Socket)
+    ;   flag(cod_direct_connections, N1, N1+1),
+        direct_option(stack_limit, Stack),
+        catch(thread_create(serve_connection(Socket), _,
+                            [detached(true), stack_limit(Stack)]),
+              _,
+              ( flag(cod_direct_connections, N2, N2-1),
+                tcp_close_socket(Socket) ))
+    ),
+    fail.
+
+serve_connection(Socket) :-
+    setup_call_cleanup(
+        tcp_open_socket(Socket, Pair),
+        serve_pair(Pair),
+        close_connection(Pair)).
+
+close_connection(Pair) :-
+    thread_self(Me),
+    retractall(conn_token(Me, _)),
+    flag(cod_direct_connections, N, N-1),
+    catch(close(Pair, [force(true)]), _, true).
+
+serve_pair(Pair) :-
+    stream_pair(Pair, In, Out),
+    set_stream(In, type(binary)),
+    set_stream(Out, type(binary)),
+    catch(session(In, Out, none), E, session_ended(E)).
+
+session_ended(cod_revoked) :- !.
+session_ended(cod_close) :- !.
+session_ended(error(io_error(_, _), _)) :- !.
+session_ended(error(timeout_error(_, _), _)) :- !.
+session_ended(error(existence_error(stream, _), _)) :- !.
+session_ended(_).
+
+%   session(+In, +Out, +App): serve frames until end of file; App is
+%   `none` until a valid hello.
+session(In, Out, App) :-
+    (   App == none
+    ->  direct_option(hello_timeout, T0), set_stream(In, timeout(T0))
+    ;   set_stream(In, timeout(infinite))
+    ),
+    get_byte(In, B0),
+    (   B0 == -1
+    ->  true
+    ;   direct_option(frame_timeout, FT),
+        set_stream(In, timeout(FT)),
+        read_frame(In, B0, Outcome),
+        handle(Outcome, Out, App, App1),
+        session(In, Out, App1)
+    ).
+
+read_frame(In, B0, Outcome) :-
+    get_byte(In, B1), get_byte(In, B2), get_byte(In, B3),
+    (   memberchk(-1, [B1, B2, B3])
+    ->  throw(cod_close)
+    ;   true
+    ),
+    Size is (B0 << 24) \/ (B1 << 16) \/ (B2 << 8) \/ B3,
+    direct_option(max_frame_bytes, Max),
+    (   Size > Max
+    ->  format(string(Msg), "frame of ~w bytes exceeds the limit of ~w bytes", [Size, Max]),
+        Outcome = fatal(-32600, Msg)
+    ;   read_body(In, Size, Body),
+        parse_request(Body, Outcome)
+    ).
+
+%   read_body(+In, +Size, -Body): the next Size bytes of In, as UTF-8
+%   text.  A peer that hangs up in the middle of a frame ends the session.
+read_body(In, Size, Body) :-
+    setup_call_cleanup(
+        new_memory_file(MF),
+        ( setup_call_cleanup(
+              stream_range_open(In, Range, [size(Size)]),
+              setup_call_cleanup(
+                  open_memory_file(MF, write, W, [encoding(octet)]),
+                  copy_stream_data(Range, W),
+                  close(W)),
+              close(Range)),
+          size_memory_file(MF, Got, octet),
+          (   Got < Size
+          ->  throw(cod_close)
+          ;   memory_file_to_string(MF, Body, utf8)
+          ) ),
+        free_memory_file(MF)).
+
+parse_request(Body, Outcome) :-
+    (   catch(atom_json_dict(Body, Dict, [value_string_as(string), tag('')]), E, true),
+        var(E)
+    ->  request_parts(Dict, Outcome)
+    ;   Outcome = error(null, -32700, "frame is not UTF-8 JSON")
+    ).
+
+request_parts(Dict, Outcome) :-
+    (   is_dict(Dict)
+    ->  (   get_dict(id, Dict, Id0) -> Id = Id0 ; Id = null ),
+        (   \+ valid_id(Id)
+        ->  Outcome = error(null, -32600, "request id must be an integer or a string")
+        ;   get_dict(jsonrpc, Dict, "2.0"),
+            get_dict(method, Dict, Method), string(Method)
+        ->  (   get_dict(params, Dict, Params0) -> true ; Params0 = _{} ),
+            (   Params0 == null -> Params = _{} ; Params = Params0 ),
+            (   is_dict(Params)
+            ->  Outcome = request(Id, Method, Params)
+            ;   Outcome = error(Id, -32600, "\"params\" must be an object (by-name parameters)")
+            )
+        ;   Outcome = error(Id, -32600, "request must carry \"jsonrpc\": \"2.0\" and a \"method\" string")
+        )
+    ;   Outcome = error(null, -32600, "a request must be a JSON object")
+    ).
+
+valid_id(null).
+valid_id(Id) :- integer(Id).
+valid_id(Id) :- string(Id).
+
+handle(fatal(Code, Msg), Out, _, _) :-
+    send_error(Out, null, Code, Msg, []),
+    throw(cod_close).
+handle(error(Id, Code, Msg), Out, App, App) :-
+    send_error(Out, Id, Code, Msg, []).
+handle(request(Id, Method, Params), Out, App0, App) :-
+    catch(method(Method, Params, App0, App, Result), E, true),
+    (   var(E)
+    ->  send_result(Out, Id, Result)
+    ;   E = rpc(Code, Msg, Data)
+    ->  App = App0,
+        send_error(Out, Id, Code, Msg, Data)
+    ;   E = cod_revoked
+    ->  throw(E)
+    ;   App = App0,
+        send_engine_error(Out, Id, E)
+    ).
+
+%   method(+Name, +Params, +App0, -App, -Result)
+method("hello", Params, _, App, json([protocol-1, app-App])) :- !,
+    check_params("hello", Params, [version, token, client]),
+    (   get_dict(version, Params, V) -> true ; V = none ),
+    (   V == 1
+    ->  true
+    ;   throw(rpc(-32001, "protocol version is not supported; this SKB speaks 1", [supported-[1]]))
+    ),
+    (   get_dict(token, Params, T), string(T), atom_string(Token, T), token(Token, App)
+    ->  thread_self(Me),
+        retractall(conn_token(Me, _)),
+        assertz(conn_token(Me, Token))
+    ;   throw(rpc(-32010, "this capability is not valid (its connection to the Resource Manager has ended, or it was never issued)", []))
+    ).
+method(_, _, none, _, _) :- !,
+    throw(rpc(-32000, "send 'hello' with your capability first", [])).
+method(_, _, App, _, _) :-
+    thread_self(Me),
+    \+ ( conn_token(Me, Token), token(Token, App) ), !,
+    throw(rpc(-32010, "this capability is not valid (its connection to the Resource Manager has ended, or it was never issued)", [])).
+method("ping", _, App, App, atom(pong)) :- !.
+method("execute_query", Params, App, App, answer(Answer)) :- !,
+    check_params("execute_query", Params, [goal, all_solutions, max_solutions, timeout_s]),
+    (   get_dict(goal, Params, Goal), string(Goal)
+    ->  true
+    ;   throw(rpc(-32602, "execute_query: parameter 'goal' must be a string", []))
+    ),
+    param_bool(Params, all_solutions, true, All),
+    param_int(Params, max_solutions, 10000, MaxSol),
+    (   between(1, 10000, MaxSol)
+    ->  true
+    ;   throw(rpc(-32602, "execute_query: max_solutions must be 1..10000", []))
+    ),
+    direct_option(max_time_limit, MaxT),
+    param_time(Params, MaxT, Time),
+    direct_option(inference_limit, Inf),
+    direct_option(run_query, Run),
+    call(Run, App, Goal, [all(All), max_solutions(MaxSol), time_limit(Time), inference_limit(Inf)], Answer).
+method(Other, _, _, _, _) :-
+    format(string(M), "unknown method ~q; known: execute_query, hello, ping", [Other]),
+    throw(rpc(-32601, M, [])).
+
+check_params(Method, Params, Known) :-
+    dict_keys(Params, Keys),
+    subtract(Keys, Known, Unknown),
+    (   Unknown == []
+    ->  true
+    ;   atomic_list_concat(Unknown, ', ', U),
+        format(string(M), "~w: unknown parameter(s): ~w", [Method, U]),
+        throw(rpc(-32602, M, []))
+    ).
+
+dict_keys(Dict, Keys) :-
+    dict_pairs(Dict, _, Pairs),
+    pairs_keys(Pairs, Keys).
+
+param_bool(Params, Key, Default, Value) :-
+    (   get_dict(Key, Params, V), V \== null
+    ->  (   memberchk(V, [true, false])
+        ->  Value = V
+        ;   format(string(M), "execute_query: parameter '~w' must be a boolean", [Key]),
+            throw(rpc(-32602, M, []))
+        )
+    ;   Value = Default
+    ).
+
+param_int(Params, Key, Default, Value) :-
+    (   get_dict(Key, Params, V), V \== null
+    ->  (   integer(V)
+        ->  Value = V
+        ;   format(string(M), "execute_query: parameter '~w' must be an integer", [Key]),
+            throw(rpc(-32602, M, []))
+        )
+    ;   Value = Default
+    ).
+
+param_time(Params, Max, Time) :-
+    (   get_dict(timeout_s, Params, V), V \== null
+    ->  (   number(V), V > 0, V < inf
+        ->  Time is min(V, Max)
+        ;   throw(rpc(-32602, "execute_query: timeout_s must be a finite positive number", []))
+        )
+    ;   Time = Max
+    ).
+
+		 /*******************************
+		 *           REPLIES            *
+		 *******************************/
+
+send_result(Out, Id, Result) :-
+    (   catch(frame_body(Out, ( write('{"jsonrpc":"2.0","id":'),
+                               write_id(Id),
+                               write(',"result":'),
+                               write_direct_result(Result),
+                               write('}') )),
+              E, true)
+    ->  (   var(E) -> true ; send_engine_error(Out, Id, E) )
+    ;   true
+    ).
+
+write_direct_result(atom(A)) :- json_write_text(current_output, A).
+write_direct_result(json(Pairs)) :- json_write_object(current_output, Pairs).
+write_direct_result(answer(answer(Solutions, _Truncated, _Us))) :-
+    % The same result as the Resource Manager's execute_query.
+    write('{"solutions":['),
+    write_solutions(Solutions),
+    write(']}').
+
+write_solutions([]).
+write_solutions([S|T]) :-
+    json_write_object(current_output, S),
+    (   T == [] -> true ; put_char(','), write_solutions(T) ).
+
+write_id(null) :- !, write(null).
+write_id(Id) :- integer(Id), !, write(Id).
+write_id(Id) :- json_write_text(current_output, Id).
+
+send_error(Out, Id, Code, Msg, Data) :-
+    frame_body(Out, ( write('{"jsonrpc":"2.0","id":'),
+                      write_id(Id),
+                      format(',"error":{"code":~w,"message":', [Code]),
+                      json_write_text(current_output, Msg),
+                      (   Data == []
+                      ->  true
+                      ;   write(',"data":'), json_write_object(current_output, Data)
+                      ),
+                      write('}}') )).
+
+send_engine_error(Out, Id, E) :-
+    error_code(E, SkbCode),
+    error_message(E, Msg),
+    error_data(E, Data0),
+    rpc_code(SkbCode, Code),
+    append(Data0, [skb_code-SkbCode], Data),
+    send_error(Out, Id, Code, Msg, Data).
+
+%   rpc_code(+SkbCode, -RpcCode): the protocol's number for an SKB error
+%   code.  The table comes from the Resource Manager (--rpc-codes), which
+%   owns the protocol's numbers.
+rpc_code(SkbCode, Code) :-
+    direct_option(rpc_codes, Table),
+    atomic_list_concat(Entries, ',', Table),
+    (   member(Entry, Entries),
+        atomic_list_concat([Name, Num], '=', Entry),
+        atom_string(Name, S), atom_string(SkbCode, S)
+    ->  atom_number(Num, Code)
+    ;   Code = -32050
+    ).
+
+%   frame_body(+Out, :Writer): write what Writer prints as one frame
+%   (length in bytes, then the UTF-8 body).  A body over the frame limit
+%   becomes an error reply for this request.
+:- meta_predicate frame_body(+, 0).
+frame_body(Out, Writer) :-
+    setup_call_cleanup(
+        new_memory_file(MF),
+        frame_memfile(Out, MF, Writer),
+        free_memory_file(MF)).
+
+frame_memfile(Out, MF, Writer) :-
+    setup_call_cleanup(
+        open_memory_file(MF, write, W, [encoding(utf8)]),
+        with_output_to(W, Writer),
+        close(W)),
+    size_memory_file(MF, Size, octet),
+    direct_option(max_frame_bytes, Max),
+    (   Size > Max
+    ->  throw(error(resource_error(cod_reply(Size, Max)), _))
+    ;   true
+    ),
+    B0 is (Size >> 24) /\ 0xff, B1 is (Size >> 16) /\ 0xff,
+    B2 is (Size >> 8) /\ 0xff, B3 is Size /\ 0xff,
+    put_byte(Out, B0), put_byte(Out, B1), put_byte(Out, B2), put_byte(Out, B3),
+    setup_call_cleanup(
+        open_memory_file(MF, read, R, [encoding(octet)]),
+        copy_stream_data(R, Out),
+        close(R)),
+    flush_output(Out).

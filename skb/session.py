@@ -1,0 +1,159 @@
+"""One engine process's conversation, without I/O: shared by the sync and async drivers.
+
+The drivers (:mod:`.engine`, :mod:`.async_engine`) move bytes; this module
+knows everything else: how the engine is started (:class:`EngineConfig`),
+request ids, reply lines arriving in any order, the journal of writes and
+its compaction, and what to replay after a restart.  Keeping it in one
+place is what keeps the two drivers from drifting apart.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cod.protocol.jsonrpc import skb_rpc_codes
+
+from . import codec
+from .codec import Op
+from .errors import SKBError
+from .journal import Journal
+
+PROLOG_DIR = Path(__file__).resolve().parent / "prolog"
+SERVER_FILE = PROLOG_DIR / "cod_server.pl"
+
+# Grace on top of a query's own time limit before its caller stops waiting
+# (the limit is enforced inside Prolog; this is the backstop).
+WATCHDOG_GRACE_S = 2.0
+STARTUP_TIMEOUT_S = 20.0
+MAX_REPLY_BYTES = 64 << 20
+# A snapshot of the whole state (for the journal) may be larger than any reply to a caller.
+MAX_LINE_BYTES = 1 << 30
+
+
+def library_dir() -> Path:
+    """The SKB's stored procedures: `$COD_STORED_PROCEDURES`, else those installed with the package."""
+    env = os.environ.get("COD_STORED_PROCEDURES")
+    if env:
+        return Path(env)
+    import cod.stored_procedures
+
+    return Path(cod.stored_procedures.__file__).resolve().parent
+
+
+def library_files(directory: Path | None = None) -> list[Path]:
+    d = directory or library_dir()
+    return sorted(d.glob("*.pl")) if d.is_dir() else []
+
+
+@dataclass
+class EngineConfig:
+    """How an engine process is started and what its callers may ask of it."""
+
+    query_timeout_s: float = 5.0
+    inference_limit: int | None = 10_000_000
+    thread_stack_bytes: int = 256 << 20  # stack limit of each engine thread
+    memory_limit_bytes: int | None = 4 << 30  # RLIMIT_AS of the whole engine process
+    app_slots: int = 4  # queries of one application running at once
+    max_threads: int = 256
+    max_reply_bytes: int = MAX_REPLY_BYTES
+    direct_socket: str | None = None  # the direct query channel's socket, or none
+    max_frame_bytes: int = 1 << 20
+    load_library: bool = True
+    library_dir: Path | None = None
+    swipl: str = field(default_factory=lambda: shutil.which("swipl") or "swipl")
+
+    def command(self) -> list[str]:
+        args = {
+            "app-slots": self.app_slots,
+            "max-threads": self.max_threads,
+            "thread-stack": self.thread_stack_bytes,
+            "max-reply-bytes": self.max_reply_bytes,
+            "max-frame-bytes": self.max_frame_bytes,
+            "max-time-limit": self.query_timeout_s,
+            "inference-limit": self.inference_limit or 10_000_000,
+            "rpc-codes": skb_rpc_codes(),
+        }
+        if self.direct_socket:
+            args["direct-socket"] = self.direct_socket
+        cmd = [self.swipl, "-q", "-f", "none", f"--stack-limit={self.thread_stack_bytes // 1024}k",
+               "-g", "cod_server:main", "-t", "halt", str(SERVER_FILE), "--"]
+        for key, value in args.items():
+            cmd += [f"--{key}", str(value)]
+        return cmd
+
+    def limit_memory(self, pid: int) -> None:
+        """Bound the whole engine's memory (atoms and other data live outside the stacks)."""
+        if self.memory_limit_bytes:
+            resource.prlimit(pid, resource.RLIMIT_AS, (self.memory_limit_bytes, self.memory_limit_bytes))
+
+    def query_op(self, app: str, goal: str, all_solutions: bool, timeout_s: float | None,
+                 max_solutions: int) -> tuple[Op, float]:
+        """The engine operation for a query, and the time limit it runs under."""
+        timeout = self.query_timeout_s if timeout_s is None else min(timeout_s, self.query_timeout_s)
+        op = codec.query(app, goal, all_solutions=all_solutions, max_solutions=max_solutions,
+                         timeout_s=timeout, inference_limit=self.inference_limit)
+        return op, timeout
+
+    def startup_ops(self) -> list[Op]:
+        return [codec.load_library(str(p)) for p in library_files(self.library_dir)] if self.load_library else []
+
+
+class Session:
+    """Requests and replies of one engine process, and the journal that can rebuild it."""
+
+    def __init__(self) -> None:
+        self.journal = Journal()
+        self._next_id = 0
+        self._buffer = bytearray()
+
+    def reset(self) -> None:
+        """A new engine process: nothing is buffered, ids go on (a stale reply can never match)."""
+        self._buffer.clear()
+
+    def request(self, op: Op) -> tuple[int, bytes]:
+        self._next_id += 1
+        return self._next_id, codec.encode_request(self._next_id, op)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Complete reply lines in ``data`` (and what came before it)."""
+        self._buffer += data
+        if len(self._buffer) > MAX_LINE_BYTES and b"\n" not in self._buffer:
+            self._buffer.clear()
+            raise SKBError("resource", f"a reply line larger than {MAX_LINE_BYTES} bytes")
+        lines = []
+        while True:
+            nl = self._buffer.find(b"\n")
+            if nl < 0:
+                return lines
+            lines.append(bytes(self._buffer[:nl]))
+            del self._buffer[: nl + 1]
+
+    @staticmethod
+    def ready(line: bytes) -> bool:
+        return line.strip() == b'{"ready":true}'
+
+    def succeeded(self, op: Op) -> bool:
+        """Record a write that succeeded; True when the journal should be compacted now."""
+        self.journal.record(op)
+        return self.journal.needs_compaction()
+
+    def compact(self, snapshot: dict[str, Any]) -> None:
+        self.journal.compact(snapshot)
+
+    def replay_ops(self) -> list[Op]:
+        return self.journal.ops()
+
+
+def timeout_for(op: Op, config: EngineConfig, timeout_s: float | None) -> float:
+    """How long a caller waits for ``op``'s reply before giving up on it."""
+    base = config.query_timeout_s if timeout_s is None else timeout_s
+    return base + WATCHDOG_GRACE_S
+
+
+__all__ = ["EngineConfig", "Session", "SKBError", "library_dir", "library_files",
+           "STARTUP_TIMEOUT_S", "WATCHDOG_GRACE_S", "MAX_REPLY_BYTES"]
