@@ -269,9 +269,10 @@ def test_explanation_sentences_name_the_evidence() -> None:
     assert "Task scan holds CPUs 0-3,6-7,10-11" in text
     assert "NUMA nodes 2 and 3 have no room for another 8 GiB working set" in text
     assert "CPUs 47 are kept free for busy processes no task registered: pid 99 (burn)" in text
-    assert "node 2, L3 12-17: 12-13 (2 of 6)" in text
+    assert "node 2, L3 12-17: 12-13 (2 of 6); working sets 2 x 8 GiB = 16 GiB of 16 GiB" in text
     scan = "\n".join(explanation_lines(explain_task("scan", LISTING, MAGNY)))
     assert "It holds its max_cores (8)" in scan and "giving back CPUs 4" in scan
+    assert "NUMA-sensitive: on 2 node(s); the fewest that could hold 8 CPUs: 2." in scan
 
 
 def test_explain_unknown_task_names_the_known_ones() -> None:

@@ -124,6 +124,46 @@ def _node_of(machine: Machine | None, cpu: int) -> int | None:
     return None
 
 
+def _placement(name: str, task: dict[str, Any], tasks: dict[str, dict[str, Any]], machine: Machine) -> list[str]:
+    """Where the task's CPUs lie, what else is there, and how that meets what it asked for."""
+    cores = list(task.get("cores") or [])
+    props = task.get("properties") or {}
+    all_groups = cpu_groups(machine)
+    used = [(node, label, [c for c in cpus if c in cores], cpus) for node, label, cpus in all_groups]
+    used = [u for u in used if u[2]]
+    nodes = sorted({node for node, _, _, _ in used})
+    out = [f"{len(cores)} CPUs ({cpus_text(cores)}) in {len(used)} L3 domain(s) on NUMA node(s) "
+           f"{', '.join(map(str, nodes))}."]
+    ws = props.get("working_set_bytes") or 0
+    capacity = {n.id: (n.free_bytes if n.free_bytes is not None else n.memory_bytes) for n in machine.numa_nodes}
+    for node, label, held, members in used:
+        sharing = sorted(o for o, t in tasks.items() if o != name and set(t.get("cores") or []) & set(members))
+        line = f"node {node}, {label}: {cpus_text(held)} ({len(held)} of {len(members)})"
+        if sharing:
+            line += f"; shared with {', '.join(sharing)}"
+        if ws and capacity.get(node):
+            on_node = sum(1 for c in cores if _node_of(machine, c) == node)
+            line += (f"; working sets {on_node} x {human_bytes(ws)} = {human_bytes(on_node * ws)} "
+                     f"of {human_bytes(capacity[node])}")
+        out.append(line)
+    sensitive = props.get("sensitive") or []
+    per_node: dict[int, int] = {}
+    for pu in machine.pus:
+        if pu.online and pu.numa_node is not None:
+            per_node[pu.numa_node] = per_node.get(pu.numa_node, 0) + 1
+    if "numa" in sensitive and per_node:
+        per = max(per_node.values())
+        if ws:
+            per = min(per, max(((capacity.get(n) or 0) // ws for n in per_node), default=per) or per)
+        out.append(f"NUMA-sensitive: on {len(nodes)} node(s); the fewest that could hold {len(cores)} CPUs"
+                   f"{' and their working sets' if ws else ''}: {-(-len(cores) // max(per, 1))}.")
+    if "cache" in sensitive:
+        biggest = max((len(m) for _, _, m in all_groups), default=1)
+        out.append(f"Cache-sensitive: in {len(used)} L3 domain(s); the fewest that could hold {len(cores)} CPUs: "
+                   f"{-(-len(cores) // biggest)}.")
+    return out
+
+
 def explain_task(name: str, listing: dict[str, Any], machine: Machine | None) -> dict[str, Any]:
     """The explanation of task ``name`` from a list_tasks listing (and the machine, when known)."""
     tasks = {t["task"]: t for t in listing.get("tasks", [])}
@@ -138,16 +178,7 @@ def explain_task(name: str, listing: dict[str, Any], machine: Machine | None) ->
     n_cpus = len(machine.cpu_ids()) if machine is not None else 0
     placement: list[str] = []
     if machine is not None and cores:
-        groups = [(node, label, [c for c in cpus if c in cores]) for node, label, cpus in cpu_groups(machine)]
-        used = [(node, label, held) for node, label, held in groups if held]
-        nodes = sorted({node for node, _, _ in used})
-        placement.append(f"{len(cores)} CPUs ({cpus_text(cores)}) in {len(used)} L3 domain(s) "
-                         f"on NUMA node(s) {', '.join(map(str, nodes))}.")
-        for node, label, held in used:
-            label_cpus = [c for n2, l2, cpus in cpu_groups(machine) if (n2, l2) == (node, label) for c in cpus]
-            sharing = sorted(o for o, t in tasks.items() if o != name and set(t.get("cores") or []) & set(label_cpus))
-            share = f"; shared with {', '.join(sharing)}" if sharing else ""
-            placement.append(f"node {node}, {label}: {cpus_text(held)} ({len(held)} of {len(label_cpus)}){share}")
+        placement += _placement(name, task, tasks, machine)
     elif not cores:
         placement.append("It holds no CPUs.")
     binding = list(task.get("binding") or [])
