@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -229,6 +230,26 @@ def test_embedded_skb_editing_history_completion_and_cancel(tmp_path: Path) -> N
         term.wait(r"\?- get_nr_cores\(After\)\.")
         term.send("\r")
         term.wait(r"After = 48\.")
+        term.wait_prompt()
+        term.send(":quit\r")
+        assert term.wait_exit() == 0
+    finally:
+        term.close()
+
+
+@pytest.mark.skipif(shutil.which("less") is None, reason="no pager installed")
+def test_output_taller_than_the_terminal_is_paged(tmp_path: Path) -> None:
+    term = start_shell(tmp_path, "--machine", "magnycours", rows=20, cols=80)
+    try:
+        term.send(":facts pu\r")
+        term.wait(r"pu\(18, 18, 1, 3\)\.\n:")  # less shows one screen and waits
+        assert "pu(47" not in term.text()
+        term.send("q")
+        term.wait_prompt()
+        term.send(":set pager off\r")
+        term.wait_prompt()
+        term.send(":facts pu\r")
+        term.wait(r"pu\(47, 47, 3, 7\)\.")
         term.wait_prompt()
         term.send(":quit\r")
         assert term.wait_exit() == 0
