@@ -190,42 +190,37 @@ def test_refusals_of_the_daemon_read_as_sentences(tmp_path: Path) -> None:
         sock_dir.rmdir()
 
 
-def _run_as_nobody(argv: list[str], script: str) -> str:
-    """Run `cod ARGV` with `script` on stdin in a child that turns into user nobody.
+AS_NOBODY = """
+import io, os, pwd, sys
+from cod.cli import main as cli
 
-    The child runs the script once as root first, so that every module it needs is
-    imported before it loses the right to read the interpreter's files."""
-    import pwd
-
-    nobody = pwd.getpwnam("nobody")
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child
-        try:
-            os.close(r)
-            from cod.cli import main as cli
-
-            with open(os.devnull) as devnull_in, open(os.devnull, "w") as devnull_out:
-                _with_stdio(devnull_in, devnull_out, lambda: cli.main(argv + ["-c", script]))
-            os.setgroups([])
-            os.setgid(nobody.pw_gid)
-            os.setuid(nobody.pw_uid)
-            with os.fdopen(w, "w") as out, open(os.devnull) as devnull_in:
-                status = _with_stdio(devnull_in, out, lambda: cli.main(argv + ["-c", script]))
-                out.write(f"status {status}\n")
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as pipe:
-        text = pipe.read()
-    os.waitpid(pid, 0)
-    return text
+argv, script = sys.argv[1:], sys.stdin.read()
 
 
-def _with_stdio(stdin, stdout, fn):
-    saved = sys.stdin, sys.stdout, sys.stderr
-    sys.stdin, sys.stdout, sys.stderr = stdin, stdout, stdout
+def run():
+    out = io.StringIO()
+    saved = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = out
     try:
-        return fn()
+        status = cli.main(argv + ["-c", script])
     finally:
-        sys.stdin, sys.stdout, sys.stderr = saved
+        sys.stdout, sys.stderr = saved
+    return status, out.getvalue()
+
+
+run()  # as root first: every module the script needs is imported while the interpreter's files are readable
+nobody = pwd.getpwnam("nobody")
+os.setgroups([])
+os.setgid(nobody.pw_gid)
+os.setuid(nobody.pw_uid)
+status, text = run()
+sys.stdout.write(text + f"status {status}\\n")
+"""
+
+
+def _run_as_nobody(argv: list[str], script: str) -> str:
+    """Run `cod ARGV -c SCRIPT` in a fresh interpreter that turns into user nobody before it runs it again."""
+    r = subprocess.run([sys.executable, "-c", AS_NOBODY, *argv], input=script, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
