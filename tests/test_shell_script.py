@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -224,3 +225,32 @@ def _run_as_nobody(argv: list[str], script: str) -> str:
                        timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
+
+
+def test_tasks_show_the_live_state_of_an_enforcing_daemon(tmp_path: Path) -> None:
+    """CPU use and NUMA pages come from the daemon's live state in the SKB (only an enforcing daemon keeps it)."""
+    d = start_daemon(tmp_path, "--enforce", "affinity", "--no-busy-detect", "--state-dir", str(tmp_path / "state"),
+                     "--refresh-interval", "0.2")
+    proc = subprocess.Popen(["sleep", "600"])
+    client = Client(str(d.path), app="db")
+    try:
+        client.register_task("scan", pid=proc.pid, min_cores=1, max_cores=1)
+        deadline = time.monotonic() + 15
+        while True:
+            r = run_shell("--socket", str(d.path), "--format", "json", "-c", ":tasks")
+            assert r.returncode == 0, r.stderr
+            (tasks,) = json_lines(r.stdout)
+            scan = tasks["result"]["tasks"][0]
+            if scan["numa_pages"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert scan["task"] == "scan" and scan["pid"] == proc.pid
+        assert scan["cpu_use"] is not None and scan["cpu_use"] < 50  # a sleeping process
+        assert sum(scan["numa_pages"].values()) > 0
+        r = run_shell("--socket", str(d.path), "-c", ":tasks")
+        assert re.search(rf"scan\s+\|\s+{proc.pid}\s+\|\s+db\s+\|.*\|\s+\d+(\.\d+)?%\s+\|\s+0:\d+", r.stdout), r.stdout
+    finally:
+        client.close()
+        proc.kill()
+        proc.wait()
+        d.stop()
