@@ -198,23 +198,23 @@ from cod.cli import main as cli
 argv, script = sys.argv[1:], sys.stdin.read()
 
 
-def run():
+def run(app):
     out = io.StringIO()
     saved = sys.stdout, sys.stderr
     sys.stdout = sys.stderr = out
     try:
-        status = cli.main(argv + ["-c", script])
+        status = cli.main(argv + ["--app", app, "-c", script])
     finally:
         sys.stdout, sys.stderr = saved
     return status, out.getvalue()
 
 
-run()  # as root first: every module the script needs is imported while the interpreter's files are readable
+run("warmup")  # as root first: every module the script needs is imported while the interpreter's files are readable
 nobody = pwd.getpwnam("nobody")
 os.setgroups([])
 os.setgid(nobody.pw_gid)
 os.setuid(nobody.pw_uid)
-status, text = run()
+status, text = run("lab")  # a namespace of its own: root's may not be dropped yet
 sys.stdout.write(text + f"status {status}\\n")
 """
 
