@@ -15,7 +15,7 @@ import sys
 from .errors import UserError
 
 # Subcommand modules, in the order `cod --help` lists them.
-SUBCOMMANDS = ["facts", "query", "plan", "rm"]
+SUBCOMMANDS = ["facts", "query", "plan", "rm", "shell"]
 
 
 def build_parser() -> argparse.ArgumentParser:

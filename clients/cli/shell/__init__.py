@@ -1,0 +1,1 @@
+"""`cod shell`: the admin shell for looking into the SKB and the RM (docs/shell.md)."""

@@ -1,0 +1,295 @@
+"""How each answer looks in text mode: rich renderables, folded to the terminal's width.
+
+The allocation is the COD paper's Figure 4: one row per task, one column per
+CPU, the columns grouped by NUMA node and L3 domain (``|`` between groups),
+``X`` where the task holds the CPU.  A matrix wider than the terminal is
+folded at group boundaries into blocks that each fit, the task names
+repeated in each; a single group wider than the terminal is cut too.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from cod.facts.cpulist import format_cpulist
+from cod.facts.model import Machine
+
+from .explain import cpus_text, explanation_lines
+from .topology import cpu_groups
+
+PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta",
+           "bright_green", "bright_yellow", "bright_blue", "red")
+HELD, NOT_HELD, RELEASING, BUSY, FREE = "X", ".", "r", "#", "o"
+
+
+def task_styles(names: list[str]) -> dict[str, str]:
+    return {name: f"bold {PALETTE[i % len(PALETTE)]}" for i, name in enumerate(sorted(names))}
+
+
+# ---- the allocation matrix ---------------------------------------------------------------------
+def _fold(groups: list[tuple[int, str, list[int]]], cell: int, label_w: int, width: int) \
+        -> list[list[tuple[int, str, list[int]]]]:
+    """Blocks of groups that each fit in `width` columns (a group too wide alone is cut)."""
+    room = max(width - label_w - 2, cell + 3)
+    per_group = max(1, (room - 3 + 1) // (cell + 1))  # CPUs of one group that fit in a block by themselves
+    pieces: list[tuple[int, str, list[int]]] = []
+    for node, label, cpus in groups:
+        for i in range(0, len(cpus), per_group):
+            pieces.append((node, label, cpus[i:i + per_group]))
+    blocks: list[list[tuple[int, str, list[int]]]] = [[]]
+    used = 0
+    for piece in pieces:
+        w = 3 + len(piece[2]) * (cell + 1) - 1
+        if blocks[-1] and used + w > room:
+            blocks.append([])
+            used = 0
+        blocks[-1].append(piece)
+        used += w
+    return [b for b in blocks if b]
+
+
+def allocation_matrix(machine: Machine, listing: dict[str, Any], width: int) -> list[Text]:
+    tasks = listing.get("tasks", [])
+    others = listing.get("other_tasks", [])
+    styles = task_styles([t["task"] for t in tasks])
+    held = {t["task"]: set(t.get("cores") or []) for t in tasks}
+    releasing = {t["task"]: set(t.get("releasing") or []) for t in tasks}
+    busy = set((listing.get("plan") or {}).get("unavailable") or []) | {c for o in others for c in o.get("cpus", [])}
+    cpus = list(machine.cpu_ids())
+    groups = cpu_groups(machine, cpus)
+    cell = max((len(str(c)) for c in cpus), default=1)
+    rows: list[tuple[str, str, Any]] = [(t["task"], styles[t["task"]], t["task"]) for t in tasks]
+    if others:
+        rows.append(("other", "bold red", None))
+    rows.append(("free", "dim", "free"))
+    label_w = max([len(r[0]) for r in rows] + [len("NUMA"), len("CPU")])
+    taken = set().union(*held.values()) if held else set()
+
+    def mark(row_key: Any, c: int) -> tuple[str, str]:
+        if row_key is None:
+            return (BUSY, "bold red") if c in busy else (NOT_HELD, "dim")
+        if row_key == "free":
+            return (NOT_HELD, "dim") if c in taken or c in busy else (FREE, "green")
+        if c in held[row_key]:
+            return HELD, styles[row_key]
+        if c in releasing[row_key]:
+            return RELEASING, styles[row_key]
+        return NOT_HELD, "dim"
+
+    out: list[Text] = []
+    for block in _fold(groups, cell, label_w, width):
+        node_line = Text("NUMA".ljust(label_w), style="bold")
+        l3_line = Text("L3".ljust(label_w), style="bold")
+        cpu_line = Text("CPU".ljust(label_w), style="bold")
+        prev_node = None
+        prev_label = None
+        for node, label, members in block:
+            w = len(members) * (cell + 1) - 1
+            node_text = (f"node {node}" if node >= 0 else "node ?") if node != prev_node else ""
+            l3_text = label if label != prev_label else ""
+            node_line.append(" | " + node_text[:w].ljust(w), style="bold")
+            l3_line.append(" | " + l3_text[:w].ljust(w))
+            cpu_line.append(" | " + " ".join(str(c).rjust(cell) for c in members), style="bold")
+            prev_node, prev_label = node, label
+        lines = [node_line, l3_line, cpu_line]
+        for name, style, key in rows:
+            line = Text(name.ljust(label_w), style=style)
+            for _, _, members in block:
+                line.append(" | ")
+                for i, c in enumerate(members):
+                    ch, st = mark(key, c)
+                    line.append((" " if i else "") + ch.rjust(cell), style=st)
+            lines.append(line)
+        for line in lines:
+            line.append(" |")
+        out.extend(lines)
+        out.append(Text(""))
+    return out
+
+
+def allocation_view(machine: Machine, listing: dict[str, Any], width: int) -> list[Any]:
+    plan = listing.get("plan") or {}
+    tasks = listing.get("tasks", [])
+    styles = task_styles([t["task"] for t in tasks])
+    head = Text(f"Allocation on {machine.name}, epoch {listing.get('epoch')}", style="bold")
+    if plan.get("solver") not in (None, "none"):
+        head.append(f": plan by {plan['solver']} ({plan.get('status')}, {plan.get('solve_ms')} ms)")
+    items: list[Any] = [head, Text("")]
+    items += allocation_matrix(machine, listing, width)
+    node_of = {p.id: p.numa_node for p in machine.pus}
+    for t in tasks:
+        cores = t.get("cores") or []
+        nodes = sorted({node_of.get(c) for c in cores if node_of.get(c) is not None})
+        line = Text(t["task"], style=styles[t["task"]])
+        who = f" ({t.get('app')}, pid {t.get('pid')})" if t.get("app") else ""
+        line.append(f"{who}: {len(cores)} CPUs {cpus_text(cores)} on node(s) {','.join(map(str, nodes)) or '-'}")
+        if t.get("releasing"):
+            line.append(f", releasing {cpus_text(t['releasing'])}")
+        if t.get("binding"):
+            line.append(f"; bound by: {', '.join(t['binding'])}")
+        items.append(line)
+    for o in listing.get("other_tasks", []):
+        items.append(Text(f"other: pid {o['pid']} ({o.get('comm')}) keeps CPUs {cpus_text(o.get('cpus'))} busy",
+                          style="red"))
+    if not tasks:
+        items.append(Text("No tasks are registered.", style="dim"))
+    legend = Text(f"{HELD} held by the row's task   {RELEASING} being given back   "
+                  f"{BUSY} busy with unregistered work   {FREE} free", style="dim")
+    items.append(legend)
+    return items
+
+
+# ---- tables --------------------------------------------------------------------------------------
+def _table(colour: bool, *columns: str) -> Table:
+    return Table(*columns, box=box.SIMPLE_HEAD if colour else box.ASCII2, show_edge=colour,
+                 header_style="bold", pad_edge=False)
+
+
+def title(text: str) -> Text:
+    return Text(text, style="bold")
+
+
+def tasks_view(listing: dict[str, Any], colour: bool) -> list[Any]:
+    tasks = listing.get("tasks", [])
+    styles = task_styles([t["task"] for t in tasks])
+    items: list[Any] = []
+    if tasks:
+        items.append(title(f"Registered tasks (epoch {listing.get('epoch')}):"))
+        table = _table(colour, "task", "pid", "app", "CPUs", "n", "min..max", "properties", "CPU use", "NUMA pages")
+        table.columns[3].overflow = "fold"
+        for t in tasks:
+            p = t.get("properties") or {}
+            props = []
+            if p.get("working_set_bytes"):
+                from cod.facts.text import human_bytes
+                props.append(f"ws {human_bytes(p['working_set_bytes'])}")
+            if p.get("sensitive"):
+                props.append("sensitive " + "+".join(p["sensitive"]))
+            props.append("exclusive" if p.get("exclusive", True) else "shared")
+            if p.get("pollutes_cache"):
+                props.append("pollutes cache")
+            if p.get("priority"):
+                props.append(f"priority {p['priority']}")
+            use = t.get("cpu_use")
+            pages = t.get("numa_pages") or {}
+            table.add_row(Text(t["task"], style=styles[t["task"]]), str(t.get("pid") or "-"), str(t.get("app") or "-"),
+                          cpus_text(t.get("cores")), str(len(t.get("cores") or [])),
+                          f"{p.get('min_cores', 1)}..{p.get('max_cores') if p.get('max_cores') is not None else 'all'}",
+                          ", ".join(props), "-" if use is None else f"{use:g}%",
+                          " ".join(f"{n}:{pg}" for n, pg in sorted(pages.items(), key=lambda kv: int(kv[0]))) or "-")
+        items.append(table)
+    else:
+        items.append(Text("No tasks are registered.", style="dim"))
+    others = listing.get("other_tasks", [])
+    if others:
+        items.append(title("Unregistered busy processes:"))
+        table = _table(colour, "pid", "command", "CPU use", "CPUs kept free")
+        for o in others:
+            table.add_row(str(o["pid"]), str(o.get("comm")), "-" if o.get("cpu") is None else f"{o['cpu']:g} cores",
+                          cpus_text(o.get("cpus")))
+        items.append(table)
+    else:
+        items.append(Text("No unregistered busy processes.", style="dim"))
+    return items
+
+
+def plan_view(plan: dict[str, Any], listing: dict[str, Any]) -> list[Any]:
+    if plan.get("solver") in (None, "none"):
+        first = "No plan has been made yet (no task was ever registered)." if plan.get("solver") == "none" else \
+            "This SKB records no plan (plans are made by the daemon)."
+        return [Text(first)]
+    lines = [
+        Text(f"Epoch {listing.get('epoch', plan.get('epoch'))}: plan by {plan['solver']}, {plan.get('status')}, "
+             f"in {plan.get('solve_ms')} ms.", style="bold"),
+        Text({"optimal": "CP-SAT proved this allocation optimal.",
+              "feasible": "CP-SAT stopped at its time limit with a solution it could not prove optimal.",
+              "fallback": "CP-SAT stopped at its time limit without a solution; the greedy allocator answered."}
+             .get(str(plan.get("status")), "")),
+    ]
+    unavailable = plan.get("unavailable") or []
+    lines.append(Text(f"CPUs kept free for unregistered busy processes: {cpus_text(unavailable)}."))
+    for t in listing.get("tasks", []):
+        lines.append(Text(f"  {t['task']}: {len(t.get('cores') or [])} CPUs ({cpus_text(t.get('cores'))}); "
+                          f"bound by: {', '.join(t.get('binding') or []) or '-'}"))
+    return lines
+
+
+def explanation_view(ex: dict[str, Any]) -> list[Any]:
+    out = []
+    for i, line in enumerate(explanation_lines(ex)):
+        if i == 0:
+            out.append(Text(line, style="bold"))
+        elif not line.startswith("  "):
+            out.append(Text(line, style="underline"))
+        else:
+            out.append(Text(line))
+    return out
+
+
+def facts_summary_view(counts: dict[str, int], derived: list[str], app_rows: list[tuple[str, int]],
+                       colour: bool) -> list[Any]:
+    table = _table(colour, "predicate", "facts")
+    for pi, n in counts.items():
+        table.add_row(pi, str(n))
+    items: list[Any] = [title("System facts (docs/skb-schema.md):"), table]
+    if app_rows:
+        mine = _table(colour, "predicate", "clauses")
+        for pi, n in app_rows:
+            mine.add_row(pi, str(n))
+        items += [title("This application's facts and procedures:"), mine]
+    items.append(Text("Derived predicates: " + ", ".join(derived), style="dim"))
+    items.append(Text("Show one with :facts NAME (e.g. :facts pu).", style="dim"))
+    return items
+
+
+def procedures_view(result: dict[str, Any], library: list[str]) -> list[Any]:
+    from .terms import clause_text
+
+    items: list[Any] = [Text(f"Procedures of application {result.get('app')}:", style="bold")]
+    procs = result.get("procedures") or []
+    for proc in procs:
+        items.append(Text(f"% {proc['predicate']}", style="dim"))
+        for clause in proc.get("clauses", []):
+            items.append(Text(clause_text(clause)))
+    if not procs:
+        items.append(Text("  (none)", style="dim"))
+    if result.get("note"):
+        items.append(Text(result["note"], style="yellow"))
+    items.append(Text("Library procedures (every application may call them): " + (", ".join(library) or "none"),
+                      style="dim"))
+    return items
+
+
+# ---- events ---------------------------------------------------------------------------------------
+def event_line(ev: dict[str, Any], now: float | None = None) -> Text:
+    """One upcall as one line: time, event, what changed."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(now if now is not None else time.time()))
+    frac = f"{(now if now is not None else time.time()) % 1:.3f}"[1:]
+    kind = ev.get("event", "?")
+    line = Text(f"{stamp}{frac} ", style="dim")
+    line.append(f"{kind:<18} ", style={"allocation_changed": "cyan", "task_arrived": "green",
+                                      "task_left": "magenta", "facts_changed": "yellow"}.get(kind, "bold"))
+    if kind == "allocation_changed":
+        parts = [f"{ev.get('task')} epoch {ev.get('epoch')}: CPUs {cpus_text(ev.get('cores'))}"]
+        if ev.get("added"):
+            parts.append(f"+{format_cpulist(ev['added'])}")
+        if ev.get("removed"):
+            parts.append(f"-{format_cpulist(ev['removed'])} within {ev.get('deadline_s')} s")
+        if ev.get("reason"):
+            parts.append(f"({ev['reason']})")
+        line.append(" ".join(parts))
+    elif kind in ("task_arrived", "task_left"):
+        line.append(f"{ev.get('task')} (application {ev.get('app')}, pid {ev.get('pid')})")
+        if ev.get("reason"):
+            line.append(f": {ev['reason']}")
+    elif kind == "facts_changed":
+        line.append(f"{ev.get('scope')} facts {ev.get('op')}: {', '.join(ev.get('predicates') or [])}"
+                    + (f" (application {ev['app']})" if ev.get("app") else ""))
+    else:
+        line.append(str({k: v for k, v in ev.items() if k not in ('event', 'subscription')}))
+    return line

@@ -1,0 +1,117 @@
+"""What the shell reads from the SKB with ordinary queries (docs/skb-schema.md).
+
+Each function takes ``query(goal, max_solutions=, timeout_s=)`` (a backend's)
+and returns plain data: the machine, the tasks and the allocation as the
+SKB's facts state them (``task/3``, ``task_property/3``, ``allocated/2``), the
+tasks' live state (``task_cpu_use/2``, ``task_numa_pages/3``), fact counts
+and listings.  These work the same against a daemon and an embedded SKB.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from cod.facts.model import Machine
+
+from .terms import atom_text, fact_text
+from .topology import TOPOLOGY_QUERY, machine_from_answer
+
+Query = Callable[..., list[dict[str, Any]]]
+VIEW_TIMEOUT_S = 5.0
+_VARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+def _one(query: Query, goal: str) -> dict[str, Any]:
+    solutions = query(goal, max_solutions=1, timeout_s=VIEW_TIMEOUT_S)
+    return solutions[0] if solutions else {}
+
+
+def _args(term: Any) -> list[Any]:
+    return list(term.get("args", [])) if isinstance(term, dict) else []
+
+
+def machine(query: Query, source: str = "skb") -> Machine:
+    return machine_from_answer(_one(query, TOPOLOGY_QUERY), source)
+
+
+def live_state(query: Query) -> dict[str, dict[str, Any]]:
+    """Per task: ``cpu_use`` (percent of one CPU) and ``numa_pages`` ({node: pages}), as last measured."""
+    answer = _one(query, "findall(u(T, P), task_cpu_use(T, P), Use), "
+                        "findall(m(T, N, Pg), task_numa_pages(T, N, Pg), Pages)")
+    out: dict[str, dict[str, Any]] = {}
+    for task, use in map(_args, answer.get("Use") or []):
+        out.setdefault(task, {"cpu_use": None, "numa_pages": {}})["cpu_use"] = use
+    for task, node, pages in map(_args, answer.get("Pages") or []):
+        out.setdefault(task, {"cpu_use": None, "numa_pages": {}})["numa_pages"][node] = pages
+    return out
+
+
+def _prop_value(value: Any) -> Any:
+    if value == "true":
+        return True
+    if value == "false":
+        return False
+    if value == "none":
+        return None
+    return value
+
+
+def tasks_from_skb(query: Query) -> dict[str, Any]:
+    """The list_tasks shape, from the SKB's facts alone (no plan: the SKB does not record how it was made)."""
+    answer = _one(query, "findall(t(T, P, A), task(T, P, A), Ts), "
+                         "findall(p(T, K, V), task_property(T, K, V), Props), "
+                         "findall(a(T, C), allocated(T, C), Alloc), "
+                         "findall(o(P, Cm, Cs), other_task(P, Cm, Cs), Others), "
+                         "( allocation_epoch(E) -> true ; E = 0 )")
+    props: dict[str, dict[str, Any]] = {}
+    for task, key, value in map(_args, answer.get("Props") or []):
+        props.setdefault(task, {})[key] = _prop_value(value)
+    cores: dict[str, list[int]] = {}
+    for task, cpu in map(_args, answer.get("Alloc") or []):
+        cores.setdefault(task, []).append(cpu)
+    epoch = answer.get("E") or 0
+    live = live_state(query)
+    tasks = []
+    for name, pid, app in sorted(map(_args, answer.get("Ts") or []), key=lambda t: str(t[0])):
+        tasks.append({"task": name, "pid": pid, "app": app, "properties": props.get(name, {}),
+                      "cores": sorted(cores.get(name, [])), "epoch": epoch, "binding": [],
+                      **live.get(name, {"cpu_use": None, "numa_pages": {}})})
+    # allocated/2 may name tasks without task/3 (an administrator's facts): show them too.
+    for name in sorted(set(cores) - {t["task"] for t in tasks}):
+        tasks.append({"task": name, "pid": None, "app": None, "properties": props.get(name, {}),
+                      "cores": sorted(cores[name]), "epoch": epoch, "binding": [], "cpu_use": None,
+                      "numa_pages": {}})
+    others = [{"pid": pid, "comm": comm, "cpu": None, "cpus": cpus}
+              for pid, comm, cpus in map(_args, answer.get("Others") or [])]
+    unavailable = sorted({c for o in others for c in o["cpus"]})
+    return {"epoch": epoch, "plan": {"solver": "none", "status": None, "solve_ms": None, "unavailable": unavailable},
+            "tasks": tasks, "other_tasks": others}
+
+
+def fact_predicates(query: Query) -> list[tuple[str, int]]:
+    """The system fact predicates (``cod_sys_predicate/2``): those an administrator or the RM writes."""
+    return [(s["N"], s["A"]) for s in query("cod_sys_predicate(N, A)", max_solutions=1000,
+                                             timeout_s=VIEW_TIMEOUT_S)]
+
+
+def count_facts(query: Query, predicates: list[tuple[str, int]]) -> dict[str, int]:
+    """Clauses per predicate, in one query."""
+    if not predicates:
+        return {}
+    goals, names = [], {}
+    for i, (name, arity) in enumerate(predicates):
+        var = f"N{i}"
+        head = atom_text(name) if arity == 0 else f"{atom_text(name)}({', '.join('_' for _ in range(arity))})"
+        goals.append(f"aggregate_all(count, {head}, {var})")
+        names[var] = f"{name}/{arity}"
+    answer = _one(query, ", ".join(goals))
+    return {names[v]: n for v, n in answer.items() if v in names}
+
+
+def list_facts(query: Query, name: str, arity: int, limit: int) -> tuple[list[str], bool]:
+    """The facts of ``name/arity`` as clauses, at most ``limit``; and whether there were more."""
+    variables = [_VARS[i] if i < len(_VARS) else f"V{i}" for i in range(arity)]
+    goal = atom_text(name) if arity == 0 else f"{atom_text(name)}({', '.join(variables)})"
+    solutions = query(goal, max_solutions=limit + 1, timeout_s=VIEW_TIMEOUT_S)
+    texts = [fact_text(name, [s.get(v) for v in variables]) for s in solutions[:limit]]
+    return texts, len(solutions) > limit

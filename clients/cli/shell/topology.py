@@ -1,0 +1,105 @@
+"""The machine as the SKB holds it, rebuilt as a :class:`cod.facts.Machine`.
+
+One query reads every hardware fact of docs/skb-schema.md (``pu/4``,
+``core/4``, ``cache/4``, ``numa_node/3``, ...); :func:`machine_from_answer`
+turns its answer back into the machine model that ``cod facts`` prints and
+the allocator's view groups, so the shell shows the topology the daemon plans
+on, through the code that made it.  No I/O here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cod.facts.model import PU, Cache, Core, Machine, NumaNode, Package
+
+TOPOLOGY_QUERY = (
+    "( machine_name(Name) -> true ; Name = unknown ), "
+    "findall(p(C, Co, P, N), pu(C, Co, P, N), Pus), "
+    "findall(C, pu_offline(C), Offline), "
+    "findall(c(Co, P, N, Ps), core(Co, P, N, Ps), Cores), "
+    "findall(k(L, T, S, Cs), cache(L, T, S, Cs), Caches), "
+    "findall(n(N, M, Cs), numa_node(N, M, Cs), Nodes), "
+    "findall(f(N, F), numa_free(N, F), Free), "
+    "findall(d(A, B, D), node_distance(A, B, D), Distances), "
+    "findall(k(P, Cs), package(P, Cs), Packages), "
+    "( allowed_cpus(AllowedCpus) -> true ; AllowedCpus = unknown ), "
+    "( allowed_mems(AllowedMems) -> true ; AllowedMems = unknown ), "
+    "( total_memory(Total) -> true ; Total = unknown )"
+)
+
+
+class TopologyError(ValueError):
+    """The SKB holds no usable hardware facts."""
+
+
+def _args(term: Any) -> list[Any]:
+    if not isinstance(term, dict) or "args" not in term:
+        raise TopologyError(f"unexpected term in the SKB's answer: {term!r}")
+    return list(term["args"])
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def machine_from_answer(answer: dict[str, Any], source: str = "skb") -> Machine:
+    """The Machine of one solution of :data:`TOPOLOGY_QUERY`."""
+    pus_raw = answer.get("Pus") or []
+    if not pus_raw:
+        raise TopologyError("the SKB holds no CPUs (pu/4): no machine is loaded")
+    free = {a[0]: a[1] for a in map(_args, answer.get("Free") or []) if isinstance(a[1], int)}
+    distances: dict[int, dict[int, int]] = {}
+    for a, b, d in map(_args, answer.get("Distances") or []):
+        distances.setdefault(a, {})[b] = d
+    pus = [PU(c, co, _opt_int(p), _opt_int(n)) for c, co, p, n in map(_args, pus_raw)]
+    pus += [PU(c, c, None, None, online=False) for c in answer.get("Offline") or []]
+    nodes = tuple(NumaNode(n, tuple(cs), _opt_int(m), free.get(n), distances.get(n, {}))
+                  for n, m, cs in map(_args, answer.get("Nodes") or []))
+    caches = tuple(Cache(lvl, str(kind), _opt_int(size), tuple(cs))
+                   for lvl, kind, size, cs in map(_args, answer.get("Caches") or []))
+    cores = tuple(Core(co, _opt_int(p), _opt_int(n), tuple(ps))
+                  for co, p, n, ps in map(_args, answer.get("Cores") or []))
+    packages = tuple(Package(p, tuple(cs)) for p, cs in map(_args, answer.get("Packages") or []))
+    allowed_cpus = answer.get("AllowedCpus")
+    allowed_mems = answer.get("AllowedMems")
+    return Machine(
+        name=str(answer.get("Name") or "unknown"),
+        source=source,
+        packages=tuple(sorted(packages, key=lambda p: p.id)),
+        numa_nodes=tuple(sorted(nodes, key=lambda n: n.id)),
+        caches=caches,
+        cores=tuple(sorted(cores, key=lambda c: c.id)),
+        pus=tuple(sorted(pus, key=lambda p: p.id)),
+        allowed_cpus=tuple(allowed_cpus) if isinstance(allowed_cpus, list) else None,
+        allowed_mems=tuple(allowed_mems) if isinstance(allowed_mems, list) else None,
+        total_memory_bytes=_opt_int(answer.get("Total")),
+    )
+
+
+def cpu_groups(machine: Machine, cpus: list[int] | None = None) -> list[tuple[int, str, list[int]]]:
+    """Runs of CPUs sharing one NUMA node and one L3 domain, in node then domain order.
+
+    Each is (node, label, cpus), the label naming the L3 (``L3 0-5``), or the
+    node when the machine reports no L3.  These are the column groups of the
+    allocation matrix (the COD paper's Figure 4)."""
+    from cod.facts.cpulist import format_cpulist
+
+    node_of = {p.id: (p.numa_node if p.numa_node is not None else -1) for p in machine.pus}
+    l3_of: dict[int, tuple[int, ...]] = {}
+    for cache in machine.l3_caches():
+        for c in cache.cpus:
+            l3_of.setdefault(c, cache.cpus)
+    wanted = sorted(cpus if cpus is not None else machine.cpu_ids())
+    keyed = sorted(wanted, key=lambda c: (node_of.get(c, -1), min(l3_of.get(c, (c,))) if c in l3_of else -1, c))
+    groups: list[tuple[int, str, list[int]]] = []
+    prev: tuple[int, tuple[int, ...] | None] | None = None
+    for c in keyed:
+        key = (node_of.get(c, -1), l3_of.get(c))
+        if key != prev:
+            domain = key[1]
+            label = f"L3 {format_cpulist(domain)}" if domain else (f"node {key[0]}" if key[0] >= 0 else "machine")
+            groups.append((key[0], label, []))
+            prev = key
+        groups[-1][2].append(c)
+    return groups
