@@ -116,7 +116,7 @@ def test_clause_text(canonical: str, text: str) -> None:
 def test_clause_text_reads_what_a_real_skb_lists() -> None:
     with SKB(load_library=False) as skb:
         skb.add_procedure("t", "q(X, Y) :- member(X, [a, 'B c']), Y = \"s\", \\+ X == z.\nfact(1, [x|_]).")
-        shown = [clause_text(c) for c in skb.list_facts("t")]
+        shown = [clause_text(line.rstrip(".")) for text in skb.list_procedures("t") for line in text.splitlines()]
     assert "q(A, B) :-\n    member(A, [a, 'B c']),\n    B = \"s\",\n    \\+ A == z." in shown
     assert any(re.fullmatch(r"fact\(1, \[x\|_\w*\]\)\.", s) for s in shown)
 

@@ -59,7 +59,7 @@ def _backend(args: argparse.Namespace):
             raise UserError(str(err), 2) from None
         source = f"machine {args.machine}" if args.machine else f"hwloc {args.hwloc}"
         return EmbeddedBackend(machine, args.app, source=source)
-    from cod.rm.config import default_socket_path
+    from cod.protocol.paths import default_socket_path
 
     return DaemonBackend(args.socket or default_socket_path(), args.app)
 

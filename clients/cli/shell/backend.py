@@ -171,7 +171,7 @@ class DaemonBackend(Backend):
             if isinstance(err, client_errors.ShuttingDown):
                 raise self._lost(err) from None
             raise
-        except client_errors.CODError as err:
+        except client_errors.CodError as err:
             raise self._lost(err) from None
 
     def alive(self) -> bool:
@@ -182,7 +182,7 @@ class DaemonBackend(Backend):
             return True
         except client_errors.RMError:
             return True
-        except client_errors.CODError:
+        except client_errors.CodError:
             self._lost(client_errors.ConnectionLost("gone"))
             return False
 
@@ -410,7 +410,9 @@ class EmbeddedBackend(Backend):
         if target != self.app:
             return {"app": target, "procedures": [], "complete": True,
                     "note": f"This SKB has no application {target}: it holds only this shell's ({self.app})."}
-        return {"app": target, "procedures": _group_clauses(self._skb.list_facts(target)), "complete": True}
+        texts = self._skb.list_procedures(target)  # one text per predicate, a clause per line
+        clauses = self._skb.list_facts(target) + [line for text in texts for line in text.splitlines() if line.strip()]
+        return {"app": target, "procedures": _group_clauses(clauses), "complete": True}
 
     def library(self) -> list[Predicate]:
         return list(self._library)

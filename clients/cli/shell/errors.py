@@ -2,7 +2,7 @@
 
 Errors come from three places: the embedded SKB (:class:`cod.skb.SKBError`),
 the daemon (:class:`cod.client.RMError` and its kinds, whose SKB errors carry
-``data.skb_code``), and the connection itself (:class:`cod.client.CODError`).
+``data.skb_code``), and the connection itself (:class:`cod.client.CodError`).
 :func:`describe` turns any of them into a :class:`Problem`: a kind, one
 sentence, and extra lines such as the caret under a syntax error's column.
 """
@@ -124,7 +124,7 @@ def describe(err: BaseException, *, source: str | None = None, timeout_s: float 
         if isinstance(err, client_errors.InvalidRequest):
             return Problem("invalid", sentence(err.message), [], data)
         return Problem("daemon", sentence(f"the daemon reported an error: {err.message} (code {err.code})"), [], data)
-    if isinstance(err, client_errors.CODError):
+    if isinstance(err, client_errors.CodError):
         return Problem("lost", sentence(str(err)))
     if isinstance(err, OSError):
         return Problem("os", sentence(f"{err.filename + ': ' if err.filename else ''}{err.strerror or err}"))

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cod.skb import library_dir
-from cod.skb.engine import PROLOG_DIR
+from cod.skb.session import PROLOG_DIR
 
 SYSTEM_FILE = PROLOG_DIR / "cod_sys.pl"
 # cod_sys exports these for the server (trusted writers); applications cannot call them usefully.
