@@ -211,6 +211,9 @@ async def serve(cfg: RMConfig, enforcer: Any = None) -> None:
 
 def run(cfg: RMConfig, enforcer: Any = None) -> int:
     setup_logging(cfg.log_level)
+    # Answers may hold integers of up to 100,000 digits (the SKB refuses larger ones):
+    # the daemon re-encodes them for its clients.
+    sys.set_int_max_str_digits(0)
     # uvloop: the same asyncio API at a fraction of the cost per wake-up,
     # which is most of a query's round trip (docs/design.md).
     uvloop.run(serve(cfg, enforcer))  # StartupError reaches the caller (`cod rm` prints it)

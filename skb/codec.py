@@ -10,12 +10,12 @@ engine runs queries on many threads.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
+from cod.protocol.jsonrpc import loads
 from cod.protocol.names import name_problem
 from cod.protocol.prolog_text import PrologTextError, atom, string, string_list
 
@@ -264,12 +264,19 @@ def encode_request(request_id: int, op: Op) -> bytes:
         raise SKBError("invalid", f"text holds an unpaired surrogate: {err.reason}") from None
 
 
+_REPLY_ID = re.compile(rb'\{"id":(\d+),')
+
+
 def decode_reply(line: bytes) -> tuple[int, Any]:
     """(request id, result) of a reply line; the result of an error reply is its :class:`SKBError`."""
     try:
-        reply = json.loads(line)
+        reply = loads(line)
     except (ValueError, RecursionError) as err:
-        raise SKBError("engine", f"unreadable reply from the engine: {line[:200]!r}") from err
+        m = _REPLY_ID.match(line)
+        if m is None:
+            raise SKBError("engine", f"unreadable reply from the engine: {line[:200]!r}") from err
+        # Its caller gets the error; nobody waits for an answer that will not come.
+        return int(m.group(1)), SKBError("engine", f"the engine's answer could not be read: {err}")
     rid = reply.get("id") if isinstance(reply, dict) else None
     if not isinstance(rid, int):
         raise SKBError("engine", f"reply without a request id: {line[:200]!r}")

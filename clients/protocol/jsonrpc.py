@@ -7,6 +7,7 @@ message becomes an `RpcError` whose code and message the peer will read.
 
 from __future__ import annotations
 
+import decimal
 import json
 import re
 from dataclasses import dataclass
@@ -150,6 +151,17 @@ def parse_request(body: bytes) -> Request:
     if not isinstance(params, dict):
         raise RpcError(INVALID_REQUEST, '"params" must be an object (by-name parameters)', ctx)
     return Request(method, params, rid)
+
+
+def _int(text: str) -> int:
+    # Python refuses int() of more than 4,300 digits; answers may hold larger integers
+    # (the SKB sends at most 100,000 digits), which Decimal converts without that limit.
+    return int(text) if len(text) <= 4000 else int(decimal.Decimal(text))
+
+
+def loads(data: bytes | str) -> Any:
+    """JSON as this protocol carries it: integers of any size the SKB may send."""
+    return json.loads(data, parse_int=_int)
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from cod.protocol.framing import MAX_FRAME_BYTES, FrameDecoder, FrameError, encode
-from cod.protocol.jsonrpc import PROTOCOL_VERSION, SHUTDOWN_EVENT
+from cod.protocol.jsonrpc import PROTOCOL_VERSION, SHUTDOWN_EVENT, loads
 from cod.protocol.paths import default_socket_path
 
 from .errors import (
@@ -724,10 +724,8 @@ class _DirectChannel:
 
 
 def _loads(body: bytes) -> dict[str, Any]:
-    import json
-
     try:
-        msg = json.loads(body)
+        msg = loads(body)
     except ValueError as err:
         raise ProtocolMismatch(f"the RM sent a frame that is not JSON: {err}") from None
     if not isinstance(msg, dict):

@@ -374,7 +374,12 @@ add_fact(M, Owner, Fact, Text, N0-C0, N-C) :-
     (   fact_present(M, Fact, Ref)
     ->  (   fact_owner(Ref, Owner) -> true ; assertz(fact_owner(Ref, Owner)) ),
         N = N0, C = C0
-    ;   assertz(M:Fact, Ref),
+    ;   (   predicate_property(M:Fact, defined)
+        ->  true
+        ;   functor(Fact, Name, Arity),   % a new predicate: undone with the write
+            note_declaration(M, Name/Arity)
+        ),
+        assertz(M:Fact, Ref),
         string_length(Text, Len),
         assertz(fact_owner(Ref, Owner)),
         assertz(fact_chars(Ref, Len)),
@@ -583,8 +588,13 @@ with_declarations(Goal) :-
 
 declare_pending(M, PI) :-
     dynamic(M:PI),
+    note_declaration(M, PI).
+
+%   note_declaration(+M, +PI): PI came into existence in M during this
+%   write; undo_declarations/0 abolishes it again if the write is undone
+%   (a predicate is not transactional data).
+note_declaration(M, PI) :-
     pending_declarations(L0),
-    b_setval(cod_pending, [M:PI|L0]),
     nb_setval(cod_pending, [M:PI|L0]).
 
 %   pending_declarations(-List): M:Name/Arity declared by this thread

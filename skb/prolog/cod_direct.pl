@@ -323,6 +323,17 @@ param_time(Params, Max, Time) :-
 		 *******************************/
 
 send_result(Out, Id, Result) :-
+    (   Result = answer(answer(Solutions, _, _))
+    ->  direct_option(max_frame_bytes, Max),
+        catch(answer_size_within(Solutions, Max), TooBig, true)
+    ;   true
+    ),
+    (   nonvar(TooBig)
+    ->  send_engine_error(Out, Id, TooBig)
+    ;   send_written(Out, Id, Result)
+    ).
+
+send_written(Out, Id, Result) :-
     (   catch(frame_body(Out, ( write('{"jsonrpc":"2.0","id":'),
                                write_id(Id),
                                write(',"result":'),

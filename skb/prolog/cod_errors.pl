@@ -134,6 +134,10 @@ message_text(error(resource_error(cod_quota(What, Max)), usage(What, Value)), M)
     format(string(M), 'quota exceeded: this would hold ~D ~w, the limit is ~D', [Value, Text, Max]).
 message_text(error(resource_error(cod_reply(Bytes, Max)), _), M) :- !,
     format(string(M), 'answer too large: ~D bytes, the limit is ~D (ask for fewer solutions or smaller terms)', [Bytes, Max]).
+message_text(error(representation_error(cod_answer_depth), max_depth(D)), M) :- !,
+    format(string(M), 'answer too deeply nested to send: more than ~D levels', [D]).
+message_text(error(representation_error(cod_integer_size), digits(D)), M) :- !,
+    format(string(M), 'answer holds an integer too large to send: more than ~D digits', [D]).
 message_text(error(domain_error(finite_time_limit, T), _), M) :- !,
     format(string(M), 'the time limit must be a finite positive number of seconds, not ~w', [T]).
 message_text(error(permission_error(modify, procedure, PI), _), M) :- !,

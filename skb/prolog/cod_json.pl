@@ -6,9 +6,11 @@
             json_write_text/2,     % +Stream, +Text
             json_write_object/2,   % +Stream, +Pairs
             write_answer/2,        % +Stream, +Answer
+            answer_size_within/2,  % +Solutions, +MaxBytes
             write_error_object/2   % +Stream, +Error
           ]).
 :- use_module(library(http/json), []).   % for the foreign json:json_write_string/2
+:- use_module(library(apply)).
 :- use_module(cod_errors).
 
 /** <module> Prolog terms as JSON values
@@ -24,51 +26,112 @@ The mapping the SKB promises its clients (docs/skb-schema.md):
 Cyclic terms must be rejected by the caller before writing.
 */
 
+% What an answer may hold, so that every client can read it: JSON nested
+% deeper than this is refused by common parsers (Python's recursion limit is
+% about 1000), and integers with more digits cost quadratic time to convert.
+max_depth(256).
+max_integer_bits(332200).               % 100,000 decimal digits
+
 %!  json_write_value(+Stream, +Term) is det.
+%
+%   @error representation_error(cod_answer_depth) when Term nests deeper
+%          than max_depth/1, representation_error(cod_integer_size) for an
+%          integer of more than 100,000 digits.
 json_write_value(S, V) :-
+    max_depth(D),
+    json_write_value(S, V, D).
+
+json_write_value(_, _, 0) :- !,
+    max_depth(D),
+    throw(error(representation_error(cod_answer_depth), max_depth(D))).
+json_write_value(S, V, _) :-
     var(V), !,
     write(S, null).
-json_write_value(S, V) :-
+json_write_value(S, V, _) :-
     integer(V), !,
-    write(S, V).
-json_write_value(S, V) :-
+    (   V =\= 0, msb(abs(V)) > 332200
+    ->  throw(error(representation_error(cod_integer_size), digits(100000)))
+    ;   write(S, V)
+    ).
+json_write_value(S, V, _) :-
     float(V), !,
     float_class(V, Class),
     (   ( Class == infinite ; Class == nan )
     ->  format(atom(A), '~w', [V]), json_write_text(S, A)
     ;   write(S, V)
     ).
-json_write_value(S, []) :- !,
+json_write_value(S, [], _) :- !,
     write(S, '[]').
-json_write_value(S, V) :-
+json_write_value(S, V, _) :-
     atom(V), !,
     json_write_text(S, V).
-json_write_value(S, V) :-
+json_write_value(S, V, _) :-
     string(V), !,
     json_write_text(S, V).
-json_write_value(S, [H|T]) :-
+json_write_value(S, [H|T], D) :-
     is_list(T), !,
+    D1 is D - 1,
     put_char(S, '['),
-    json_write_value(S, H),
-    json_write_elements(T, S),
+    json_write_value(S, H, D1),
+    json_write_elements(T, S, D1),
     put_char(S, ']').
-json_write_value(S, V) :-
+json_write_value(S, V, D) :-
     compound(V), !,
+    D1 is D - 1,
     compound_name_arguments(V, Name, Args),
     write(S, '{"functor":'),
     json_write_text(S, Name),
     write(S, ',"args":'),
-    json_write_value(S, Args),
+    json_write_value(S, Args, D1),
     put_char(S, '}').
-json_write_value(S, V) :-              % blobs (streams, clause refs...)
+json_write_value(S, V, _) :-              % blobs (streams, clause refs...)
     format(atom(A), '~p', [V]),
     json_write_text(S, A).
 
-json_write_elements([], _).
-json_write_elements([H|T], S) :-
+json_write_elements([], _, _).
+json_write_elements([H|T], S, D) :-
     put_char(S, ','),
-    json_write_value(S, H),
-    json_write_elements(T, S).
+    json_write_value(S, H, D),
+    json_write_elements(T, S, D).
+
+%!  answer_size_within(+Solutions, +MaxBytes) is det.
+%
+%   Check, before anything is written, that the text of Solutions stays
+%   within MaxBytes (an estimate that never undercounts the text of atoms,
+%   strings and numbers): writing a 100 MB answer only to refuse it would
+%   hold its thread for seconds.
+%   @error resource_error(cod_reply(Estimate, MaxBytes))
+answer_size_within(Solutions, Max) :-
+    catch(foldl(term_text_size(Max), Solutions, 0, _), cod_over(Size),
+          throw(error(resource_error(cod_reply(Size, Max)), _))).
+
+term_text_size(Max, T, N0, N) :-
+    (   var(T) -> N1 is N0 + 4
+    ;   atomic(T) -> text_size(T, L), N1 is N0 + L + 2
+    ;   compound(T)
+    ->  compound_name_arity(T, Name, Arity),
+        atom_length(Name, L),
+        N2 is N0 + L + 24,
+        (   N2 > Max -> throw(cod_over(N2)) ; true ),
+        foldl_args(1, Arity, T, Max, N2, N1)
+    ;   N1 = N0
+    ),
+    (   N1 > Max -> throw(cod_over(N1)) ; true ),
+    N = N1.
+
+foldl_args(I, Arity, _, _, N, N) :- I > Arity, !.
+foldl_args(I, Arity, T, Max, N0, N) :-
+    arg(I, T, A),
+    term_text_size(Max, A, N0, N1),
+    I2 is I + 1,
+    foldl_args(I2, Arity, T, Max, N1, N).
+
+text_size(T, L) :-
+    (   string(T) -> string_length(T, L)
+    ;   atom(T) -> atom_length(T, L)
+    ;   integer(T), T =\= 0 -> L is msb(abs(T)) // 3 + 2
+    ;   L = 24
+    ).
 
 %!  json_write_text(+Stream, +Text) is det.
 %

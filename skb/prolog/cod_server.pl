@@ -564,6 +564,17 @@ direct_query(App, Goal, Options, Answer) :-
 		 *******************************/
 
 reply_ok(Id, Result) :-
+    (   Result = answer(Solutions, _, _)
+    ->  setting(max_reply_bytes, Max),
+        catch(answer_size_within(Solutions, Max), TooBig, true)
+    ;   true
+    ),
+    (   nonvar(TooBig)
+    ->  reply_error(Id, TooBig)
+    ;   reply_written(Id, Result)
+    ).
+
+reply_written(Id, Result) :-
     (   catch(with_output_to(string(Line),
                              ( format('{"id":~w,"ok":', [Id]),
                                write_result(current_output, Result),
