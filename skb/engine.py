@@ -247,3 +247,7 @@ class SKB:
 
     def ping(self) -> None:
         self._run(codec.PING)
+
+    def stats(self) -> dict[str, int]:
+        """The engine's threads, applications and modules (for tests and benches)."""
+        return dict(self._run(codec.STATS))

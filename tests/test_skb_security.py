@@ -195,3 +195,27 @@ def test_an_operator_term_is_not_a_fact(skb):
         skb.add_facts("attacker", ["db-rtime(3000)"])
     assert err.value.code == "domain" and "db_rtime" in err.value.message
     assert skb.add_facts("attacker", ["meeting(time(12:30))"]) == 1
+
+
+# ---- item 12: the engine's memory as a whole; modules of applications that are gone -------------
+def test_the_modules_of_applications_that_are_gone_are_freed():
+    with SKB(load_library=False) as engine:
+        base = engine.stats()
+        for i in range(50):
+            engine.add_facts(f"short_lived_{i}", ["x(1)"])
+            engine.drop_app(f"short_lived_{i}")
+        after = engine.stats()
+        assert after["app_modules"] == base["app_modules"] and after["apps"] == base["apps"]
+
+
+def test_a_memory_bomb_costs_a_restart_not_the_state():
+    from cod.skb import EngineConfig
+
+    cfg = EngineConfig(query_timeout_s=10.0, memory_limit_bytes=1 << 30, load_library=False)
+    with SKB(config=cfg) as engine:
+        engine.add_facts("victim", ["kept(1)"])
+        # Atoms live outside the stacks: 1 MB doubled eleven times is 4 GB of atoms, held by variables.
+        with pytest.raises(SKBError) as err:
+            engine.execute_query("bomber", "format(atom(A0), '~*c', [1000000, 0'x]), atom_concat(A0, A0, A1), atom_concat(A1, A1, A2), atom_concat(A2, A2, A3), atom_concat(A3, A3, A4), atom_concat(A4, A4, A5), atom_concat(A5, A5, A6), atom_concat(A6, A6, A7), atom_concat(A7, A7, A8), atom_concat(A8, A8, A9), atom_concat(A9, A9, A10), atom_concat(A10, A10, A11)")
+        assert err.value.code in ("resource", "engine"), err.value
+        assert engine.execute_query("victim", "kept(X)") == [{"X": 1}]

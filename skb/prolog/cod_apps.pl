@@ -143,6 +143,7 @@ printable_code(C) :-                  % as cod.protocol.names
 create_app_module(M) :-
     import_module(M, cod_sys), !.     % left by a write that was undone
 create_app_module(M) :-
+    set_module(M:class(temporary)),   % so that destroy_app/2 can free it
     add_import_module(M, cod_sys, end),
     forall(library_module(L), add_import_module(M, L, end)),
     forall(app_library(L), @(use_module(library(L)), M)),

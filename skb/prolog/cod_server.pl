@@ -353,10 +353,13 @@ run_op(Id, Op) :-
 
 %!  op_result(+Operation, -Result) is det.
 op_result(ping, atom(pong)).
-op_result(stats, json([workers-W, idle-I, app_slots-S])) :-
+op_result(stats, json([workers-W, idle-I, app_slots-S, apps-A, app_modules-AM, atoms-At])) :-
     flag(cod_workers, W, W),
     flag(cod_idle, I, I),
-    setting(app_slots, S).
+    setting(app_slots, S),
+    aggregate_all(count, existing_app_module(_, _), A),
+    aggregate_all(count, ( current_module(Mod), sub_atom(Mod, 0, _, _, app_) ), AM),
+    statistics(atoms, At).
 op_result(load_system(Text), int(N)) :-
     % Parse and check everything before the old facts go: a text that does
     % not read leaves the machine as it was (and the transaction around
