@@ -26,12 +26,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cod.rm.enforce import procfs
-from cod.rm.enforce.livestate import numa_pages
+from cod.rm.enforce.livestate import numa_bytes
 
 from .group import Member
 from .taskstats import TaskstatsReader, schedstat_delay_ns
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+BASE_PAGE = 4096
 
 
 class Group(Protocol):
@@ -163,9 +164,10 @@ class GroupMeter:
         return self._delay.update(values, absorbed=False) / 1e9
 
     def pages(self) -> dict[int, int]:
-        """Resident pages per NUMA node, summed over the members (numa_maps)."""
+        """Resident memory per NUMA node summed over the members (numa_maps), in 4 KiB
+        base pages: a huge page counts as the base pages it spans."""
         total: dict[int, int] = {}
         for m in self.group.members():
-            for node, n in (numa_pages(m.pid, self.proc) or {}).items():
+            for node, n in (numa_bytes(m.pid, self.proc) or {}).items():
                 total[node] = total.get(node, 0) + n
-        return dict(sorted(total.items()))
+        return {node: b // BASE_PAGE for node, b in sorted(total.items())}

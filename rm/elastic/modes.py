@@ -16,7 +16,8 @@ hardware threads (docs/skb-schema.md), so a "core" here is one CPU number.
   lowest node the group holds a CPU on.  Ties go to the node where the group
   already holds more CPUs (allocate) or fewer (release), then to the lower
   (allocate) or higher (release) node number.  Pages on a node without CPUs
-  (memory-only: MCDRAM, CXL) count for the nearest node with CPUs.  With one
+  (memory-only: MCDRAM, CXL) count for the nearest node with CPUs (by SLIT
+distance; without distances, only when one node has CPUs).  With one
   node there is nothing to choose: adaptive says so and behaves as dense.
 
 Dense and sparse release the most recently allocated position of their order
@@ -71,6 +72,8 @@ class Layout:
             dist = {k: v for k, v in node.distances.items() if k in cpus_of}
             if dist:
                 fold[node.id] = min(dist, key=lambda k: (dist[k], k))
+            elif len(nodes) == 1:  # no distances, one node with CPUs: it is the nearest
+                fold[node.id] = nodes[0]
         return cls(nodes=nodes, cpus_of=cpus_of, fold=fold)
 
     @property
