@@ -10,6 +10,8 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PACKAGES := swi-prolog-nox hwloc gcc make libc6-dev
+# Elastic cores (issue 16): a real PostgreSQL for its smoke test and benchmark.
+APT_PACKAGES += postgresql
 PYTEST_ARGS ?=
 
 .PHONY: setup deps demo test bench clean

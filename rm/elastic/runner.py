@@ -258,10 +258,13 @@ class ElasticRunner:
         return group_facts(self.name, self.group.fact_source(), self.settings, self.state, self.last_load)
 
     def close(self) -> None:
-        """Give every member its original affinity back; idempotent."""
+        """Give every member its original affinity back, close the event source it was
+        given; idempotent."""
         try:
             self.enforcer.release(self.task)
         finally:
+            if self.events is not None:
+                self.events.close()
             if self._own_taskstats and self.taskstats is not None:
                 self.taskstats.close()
                 self.taskstats = None
