@@ -166,3 +166,22 @@ def test_a_cgroup_group_refuses_the_cpuset_backend_of_its_own_hierarchy(tmp_path
             enforcer.close()
     finally:
         os.rmdir(path)
+
+
+def test_standalone_command_line(spawn, tmp_path):
+    import subprocess
+    import sys
+    task = spawn(2, "spin")
+    original = masks(task.pid)
+    csv = tmp_path / "run.csv"
+    out = subprocess.run([sys.executable, "-m", "cod.rm.elastic", "--pid", str(task.pid), "--name", "cli",
+                          "--mode", "sparse", "--period", "0.2", "--duration", "1.5", "--csv", str(csv), "--facts",
+                          "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "elastic_group(cli, pids([" in out.stdout and "elastic_marking(cli, provision," in out.stdout
+    rows = csv.read_text().splitlines()
+    assert rows[0].startswith("t,load,cpu_s") and len(rows) >= 5
+    assert masks(task.pid) == original  # given back at exit
+    bad = subprocess.run([sys.executable, "-m", "cod.rm.elastic", "--pid", str(2**22 + 7)],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1 and "does not exist" in bad.stderr

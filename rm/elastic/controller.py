@@ -88,8 +88,7 @@ def bounds_for(n_usable: int, settings: ElasticSettings, limits: Limits) -> Boun
 
 
 def _available(layout: Layout, limits: Limits) -> frozenset[int]:
-    cpus = frozenset(layout.cpus)
-    return cpus if limits.available is None else cpus & limits.available
+    return layout.cpus if limits.available is None else layout.cpus & limits.available
 
 
 def start(layout: Layout, settings: ElasticSettings, limits: Limits = Limits(),

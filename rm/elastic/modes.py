@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cod.facts.model import Machine
 
@@ -41,6 +41,21 @@ class Layout:
     nodes: tuple[int, ...]  # nodes with usable CPUs, ascending
     cpus_of: Mapping[int, tuple[int, ...]]  # node -> its usable CPUs in dense order
     fold: Mapping[int, int]  # any node with memory -> the node with CPUs its pages count for
+    # Derived once (a step on a 384-CPU machine must stay well under 1 ms).
+    _node_of: dict[int, int] = field(init=False, repr=False, compare=False)
+    _dense: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _sparse: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _cpus: frozenset[int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        dense = tuple(c for n in self.nodes for c in self.cpus_of[n])
+        longest = max(len(cs) for cs in self.cpus_of.values())
+        sparse = tuple(self.cpus_of[n][j] for j in range(longest) for n in self.nodes
+                       if j < len(self.cpus_of[n]))
+        object.__setattr__(self, "_node_of", {c: n for n in self.nodes for c in self.cpus_of[n]})
+        object.__setattr__(self, "_dense", dense)
+        object.__setattr__(self, "_sparse", sparse)
+        object.__setattr__(self, "_cpus", frozenset(dense))
 
     @classmethod
     def from_machine(cls, machine: Machine, allowed: Collection[int] | None = None) -> "Layout":
@@ -77,24 +92,19 @@ class Layout:
         return cls(nodes=nodes, cpus_of=cpus_of, fold=fold)
 
     @property
-    def cpus(self) -> tuple[int, ...]:
-        return tuple(sorted(c for cs in self.cpus_of.values() for c in cs))
+    def cpus(self) -> frozenset[int]:
+        return self._cpus
 
     def node_of(self, cpu: int) -> int | None:
-        for n, cs in self.cpus_of.items():
-            if cpu in cs:
-                return n
-        return None
+        return self._node_of.get(cpu)
 
     def dense_order(self) -> tuple[int, ...]:
         """core(i, j) = d*i + j iterated j-inner: node by node."""
-        return tuple(c for n in self.nodes for c in self.cpus_of[n])
+        return self._dense
 
     def sparse_order(self) -> tuple[int, ...]:
         """core(i, j) iterated i-inner: the j-th CPU of every node, for j = 0, 1, ..."""
-        longest = max(len(cs) for cs in self.cpus_of.values())
-        return tuple(self.cpus_of[n][j] for j in range(longest) for n in self.nodes
-                     if j < len(self.cpus_of[n]))
+        return self._sparse
 
     def fold_pages(self, pages: Mapping[int, int]) -> dict[int, int]:
         """Pages per node with CPUs (memory-only nodes folded onto their nearest)."""
@@ -116,6 +126,15 @@ def effective_mode(layout: Layout, mode: str) -> tuple[str, str]:
     return mode, ""
 
 
+def _held_per_node(layout: Layout, have: set[int]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for c in have:
+        n = layout.node_of(c)
+        if n is not None:
+            counts[n] = counts.get(n, 0) + 1
+    return counts
+
+
 def _order(layout: Layout, mode: str) -> tuple[int, ...]:
     return layout.sparse_order() if mode == "sparse" else layout.dense_order()
 
@@ -128,24 +147,19 @@ def choose_grant(layout: Layout, mode: str, held: Sequence[int], available: Coll
     ``pages``: the group's resident pages per node (adaptive mode; None = unknown)."""
     mode, _ = effective_mode(layout, mode)
     have = set(held)
-    free = [c for c in layout.dense_order() if c not in have and c in available]
-    if not free:
-        return None
     if mode != "adaptive":
-        free_set = set(free)
-        return next(c for c in _order(layout, mode) if c in free_set)
+        return next((c for c in _order(layout, mode) if c not in have and c in available), None)
     folded = layout.fold_pages(pages or {})
-    held_on = {n: sum(1 for c in layout.cpus_of[n] if c in have) for n in layout.nodes}
+    held_on = _held_per_node(layout, have)
     # The priority queue of the paper: most pages first; ties as the module says.
-    queue = [(-folded[n], -held_on[n], n) for n in layout.nodes]
+    queue = [(-folded[n], -held_on.get(n, 0), n) for n in layout.nodes]
     heapq.heapify(queue)
-    free_set = set(free)
     while queue:
         _, _, node = heapq.heappop(queue)
         for c in layout.cpus_of[node]:
-            if c in free_set:
+            if c not in have and c in available:
                 return c
-    return None  # unreachable: free is not empty
+    return None
 
 
 def choose_release(layout: Layout, mode: str, held: Sequence[int],
@@ -162,8 +176,8 @@ def choose_release(layout: Layout, mode: str, held: Sequence[int],
         order = _order(layout, mode)
         return next(c for c in reversed(order) if c in have)
     folded = layout.fold_pages(pages or {})
-    held_on = {n: sum(1 for c in layout.cpus_of[n] if c in have) for n in layout.nodes}
-    queue = [(folded[n], held_on[n], -n) for n in layout.nodes if held_on[n]]
+    held_on = _held_per_node(layout, have)
+    queue = [(folded[n], count, -n) for n, count in held_on.items()]
     heapq.heapify(queue)
     _, _, neg = heapq.heappop(queue)
     return next(c for c in reversed(layout.cpus_of[-neg]) if c in have)

@@ -66,7 +66,7 @@ class Record:
         return [f"{self.t:.3f}", f"{self.load:.1f}", f"{self.cpu_s:.4f}",
                 "" if self.delay_s is None else f"{self.delay_s:.4f}", str(self.n_before),
                 str(self.n_after), " ".join(map(str, self.cpus)), self.action, " ".join(self.fired),
-                str(self.members), f"{self.step_s * 1e6:.0f}e-6"]
+                str(self.members), f"{self.step_s:.6f}"]
 
 
 def _check_backend(group: CgroupGroup | PidTreeGroup, enforcer: Enforcer) -> None:
