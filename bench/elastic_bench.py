@@ -240,7 +240,8 @@ class Watch:
             first = {"t": 0.0, "cores": self.start_n, "load": 0.0,
                      "action": "start", "fired": ""}
             rows = [first] + [{"t": round(r.t, 3), "cores": r.n_after, "load": round(r.load, 1), "action": r.action,
-                     "fired": " ".join(r.fired), "step_us": round(r.step_s * 1e6, 1)} for r in self.runner.history]
+                     "fired": " ".join(r.fired), "step_us": round(r.step_s * 1e6, 1),
+                     "step_cpu_us": round(r.step_cpu_s * 1e6, 1)} for r in self.runner.history]
             self.runner.close()
             self.enforcer.close()
             return rows
@@ -256,6 +257,7 @@ def summarize(run: Run, wall: float, cpu_s: float, extra: dict) -> None:
         last_t, last_n = p["t"], p["cores"]
     core_s += last_n * max(0.0, wall - last_t)
     steps = [p["step_us"] for p in held if "step_us" in p]
+    cpu_steps = [p["step_cpu_us"] for p in held if "step_cpu_us" in p]
     run.summary = {
         **extra,
         "cpu_seconds": round(cpu_s, 2),
@@ -264,7 +266,8 @@ def summarize(run: Run, wall: float, cpu_s: float, extra: dict) -> None:
         "allocations": sum(1 for p in held if p["action"] == "allocate"),
         "releases": sum(1 for p in held if p["action"] == "release"),
         "runner_step_us": stats(steps) if steps else None,
-        "runner_share_of_a_core": round(sum(steps) / 1e6 / wall, 5) if steps else None,
+        "runner_step_cpu_us": stats(cpu_steps) if cpu_steps else None,
+        "runner_cpu_share_of_a_core": round(sum(cpu_steps) / 1e6 / wall, 5) if cpu_steps else None,
     }
 
 
@@ -407,7 +410,7 @@ def bench_duckdb(args, out_dir: str) -> tuple[dict, list[Run]]:
 def write_run(run: Run, out_dir: str) -> dict:
     stem = os.path.join(out_dir, f"{run.engine}_{run.workload}_{run.config}_r{run.round}")
     with open(stem + "_periods.csv", "w") as f:
-        keys = ["t", "cores", "load", "action", "fired", "step_us"]
+        keys = ["t", "cores", "load", "action", "fired", "step_us", "step_cpu_us"]
         f.write(",".join(keys) + "\n")
         for p in run.periods:
             f.write(",".join(str(p.get(k, "")) for k in keys) + "\n")

@@ -64,7 +64,6 @@ def test_postgres_under_elastic_cores(kind, tmp_path):
             if len(CPUS) > 1:
                 assert max(r.n_after for r in runner.history) > 1  # cores were granted
                 assert "t5" in {t for r in runner.history for t in r.fired}
-            assert all(r.step_s < 0.05 for r in runner.history)
             runner.close()
             for pid in pg.server_pids():  # released: the server has every CPU back
                 assert set(cpus_allowed(pid)) == set(CPUS)

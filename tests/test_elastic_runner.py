@@ -104,7 +104,6 @@ def test_cores_follow_a_load_that_steps_up_and_down(kind, backend, spawn, tmp_pa
         text = "".join(f + "\n" for fs in runner.facts().values() for f in fs)
         assert f"elastic_cores(spin, [{','.join(map(str, CPUS))}])" in text
         assert "elastic_transition(spin, t5," in text
-        assert max(rec.step_s for rec in runner.history) < 0.05
     finally:
         os.kill(task.pid, signal.SIGCONT)
         if runner is not None:

@@ -8,9 +8,11 @@ Enforcement goes through the backends of `cod.rm.enforce` under one task
 name: the processes found at start (and any that join the group with a mask
 of their own) through ``apply``, which records their original affinity;
 processes forked inside the group inherit its CPUs from the kernel and are
-recorded through ``add_thread`` with their parent's original, so that
-``close()`` (or the next start after a crash, through the enforcer's state
-file) gives every one of them its affinity back.  Only CPUs are confined:
+recorded through ``add_thread`` with their parent's original once they have
+lived through a whole period (a parallel worker or a shell's short child
+exits first and costs no state-file write), so that ``close()`` (or the next
+start after a crash, through the enforcer's state file) gives every one of
+them its affinity back.  Only CPUs are confined:
 memory stays where first touch put it, which is the paper's premise.
 """
 
@@ -57,16 +59,17 @@ class Record:
     action: str
     fired: tuple[str, ...]
     members: int
-    step_s: float  # the runner's own time for this period (measure + decide + enforce)
+    step_s: float  # wall time of this period's work (measure + decide + enforce)
+    step_cpu_s: float  # CPU time of it (the runner's thread)
 
     FIELDS = ("t", "load", "cpu_s", "delay_s", "n_before", "n_after", "cpus", "action", "fired",
-              "members", "step_s")
+              "members", "step_s", "step_cpu_s")
 
     def row(self) -> list[str]:
         return [f"{self.t:.3f}", f"{self.load:.1f}", f"{self.cpu_s:.4f}",
                 "" if self.delay_s is None else f"{self.delay_s:.4f}", str(self.n_before),
                 str(self.n_after), " ".join(map(str, self.cpus)), self.action, " ".join(self.fired),
-                str(self.members), f"{self.step_s:.6f}"]
+                str(self.members), f"{self.step_s:.6f}", f"{self.step_cpu_s:.6f}"]
 
 
 def _check_backend(group: CgroupGroup | PidTreeGroup, enforcer: Enforcer) -> None:
@@ -118,6 +121,7 @@ class ElasticRunner:
         self._pages_at = -1e9
         self._procs: set[int] = set()  # pinned through apply()
         self._children: set[int] = set()  # forked inside, pinned through add_thread()
+        self._pending: set[int] = set()  # forked inside, seen once: confined by inheritance, not recorded yet
         self._t0 = time.monotonic()
         self.gone: str | None = None
 
@@ -137,7 +141,8 @@ class ElasticRunner:
     def _enforce_all(self, cpus: tuple[int, ...], members: list[int]) -> None:
         """Put every member on ``cpus``: apply() for the recorded ones, add_thread for children."""
         self._procs = {p for p in self._procs if p in members}
-        self._children = {p for p in self._children if p in members}
+        self._children = {p for p in self._children | self._pending if p in members}
+        self._pending = set()
         if not self._procs and not self._children:
             self._procs = set(members)
         live = self.enforcer.apply(self.task, sorted(self._procs), cpus, self.mems)
@@ -162,18 +167,22 @@ class ElasticRunner:
         for pid in sorted(self._children - current):
             self.enforcer.forget_pid(self.task, pid)
         self._children &= current
+        seen_before, self._pending = self._pending & current, set()
         joined: list[int] = []
         mask = set(cpus)
         for pid in members:
             if pid in self._procs or pid in self._children:
+                continue
+            if pid in seen_before:  # a second period alive: record it for the restore
+                self._children.add(pid)
+                self._pin_child(pid)
                 continue
             try:
                 inherited = set(os.sched_getaffinity(pid)) == mask
             except (ProcessLookupError, OSError):
                 continue
             if inherited and self._procs:  # forked inside the group: the kernel confined it
-                self._children.add(pid)
-                self._pin_child(pid)
+                self._pending.add(pid)
             else:
                 joined.append(pid)
         if joined:
@@ -198,7 +207,7 @@ class ElasticRunner:
             raise ElasticError("start() the runner before stepping it")
         if self.gone is not None:
             return None
-        began = time.perf_counter()
+        began, began_cpu = time.perf_counter(), time.thread_time()
         try:
             if self.events is not None:
                 if isinstance(self.events, PollingSource):
@@ -226,7 +235,8 @@ class ElasticRunner:
         self.history.append(Record(
             t=time.monotonic() - self._t0, load=load, cpu_s=sample.cpu_s, delay_s=sample.delay_s,
             n_before=n_before, n_after=self.state.n, cpus=tuple(sorted(self.state.cpus)),
-            action=decision.action, fired=fired, members=len(members), step_s=time.perf_counter() - began))
+            action=decision.action, fired=fired, members=len(members), step_s=time.perf_counter() - began,
+            step_cpu_s=time.thread_time() - began_cpu))
         if decision.changed:
             log.info("elastic group %s: %s at %.0f %% -> CPUs %s (%s)", self.name, decision.action, load,
                      ",".join(map(str, sorted(self.state.cpus))), " ".join(fired) or "limits")
