@@ -214,3 +214,24 @@ def test_thousands_of_short_processes_are_counted_through_their_parent():
         shell.send_signal(signal.SIGKILL)
         shell.wait()
         events.close()
+
+
+def test_member_counter_counts_a_reaped_child_once(monkeypatch):
+    from cod.rm.elastic import measure
+
+    clock = iter(range(100, 10_000, 100))  # boot ticks at each update
+    monkeypatch.setattr(measure, "boot_ticks", lambda: next(clock))
+    c = measure._MemberCounter()  # created at tick 100
+    # Parent 10 existed before: what it had (500 ticks) is its baseline, not the group's.
+    assert c.update({10: (500, 50, 1)}, absorbed=True) == 0
+    # It used 50 more; child 11, born at tick 250 (after the last update), counts whole: 30.
+    assert c.update({10: (550, 50, 1), 11: (30, 250, 10)}, absorbed=True) == 80
+    # The child is reaped by its parent: its final 40 ticks arrive in the parent's cutime.
+    assert c.update({10: (590, 50, 1)}, absorbed=True) == 90
+    # A member reaped by a non-member (12's parent is 1) keeps what was seen of it.
+    assert c.update({10: (590, 50, 1), 12: (5, 450, 1)}, absorbed=True) == 95
+    assert c.update({10: (590, 50, 1)}, absorbed=True) == 95
+    # Delays are not absorbed by parents: a leaving member keeps its share.
+    d = measure._MemberCounter()
+    assert d.update({10: (100, 50, 1), 11: (20, 5000, 10)}, absorbed=False) == 20
+    assert d.update({10: (110, 50, 1)}, absorbed=False) == 30
