@@ -430,9 +430,11 @@ def write_run(run: Run, out_dir: str) -> dict:
         ts = [t for t, _, _ in run.throughput]
         top.plot(ts, [v for _, v, _ in run.throughput], color="tab:blue", label="throughput")
         top.set_ylabel("per second", color="tab:blue")
+        top.set_ylim(bottom=0)
         lat_ax = top.twinx()
         lat_ax.plot(ts, [lat for _, _, lat in run.throughput], color="tab:red", alpha=0.6, label="latency")
         lat_ax.set_ylabel("latency (ms)", color="tab:red")
+        lat_ax.set_ylim(bottom=0)
     top.set_title(f"{run.engine} {run.workload}: {run.config} (round {run.round})"
                   f" ({run.summary.get('throughput_per_s', 0):.1f}/s, mean cores {run.summary.get('mean_cores')})")
     if run.periods:
