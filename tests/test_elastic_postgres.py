@@ -26,6 +26,14 @@ pytestmark = [
 ]
 
 
+def cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
 @pytest.mark.parametrize("kind", ["cgroup", "pids"])
 def test_postgres_under_elastic_cores(kind, tmp_path):
     settings = ElasticSettings(period_s=0.2, mode="adaptive")
@@ -74,5 +82,6 @@ def test_postgres_under_elastic_cores(kind, tmp_path):
             cg.__exit__(None, None, None)
     assert not os.path.exists(pg.base)  # data directory and socket removed
     assert pg.proc.poll() is not None
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and pg.base in cmdline(int(p))]  # no process left
     if path:
         assert not os.path.exists(path)
