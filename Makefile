@@ -47,6 +47,7 @@ test: setup
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup
+	$(VPY) -m pip install -q -e '.[bench]'
 	@for b in bench/*_bench.py; do echo "== $$b"; $(VPY) $$b; done
 
 clean:

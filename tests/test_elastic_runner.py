@@ -68,6 +68,9 @@ def test_cores_follow_a_load_that_steps_up_and_down(kind, backend, spawn, tmp_pa
     try:
         if cg is not None:
             path = cg.__enter__()
+            mount = find_cpuset_mount()
+            if backend == "cpuset" and mount is not None and path.startswith(mount.path.rstrip("/") + "/"):
+                pytest.skip("a cgroup in the cpuset backend's own hierarchy is refused (tested below)")
             enter(path, task.pid)
             group = CgroupGroup(path)
         else:
