@@ -201,3 +201,11 @@ def test_smt_siblings_come_after_the_cores_of_a_node():
     # Linux numbering: CPUs 0-3 are first threads, 4-7 their siblings.
     assert layout.cpus_of[0] == (0, 1, 4, 5) and layout.cpus_of[1] == (2, 3, 6, 7)
     assert grant_sequence(layout, "sparse", 8) == [0, 2, 1, 3, 4, 6, 5, 7]
+
+
+def test_numa_maps_bytes_weigh_each_mapping_by_its_page_size():
+    from cod.rm.enforce.livestate import parse_numa_maps, parse_numa_maps_bytes
+
+    text = (NUMA_MAPS / "backend_b.numa_maps").read_bytes()
+    assert parse_numa_maps(text) == {0: 900, 3: 1500 + 40 + 36}  # pages, whatever their size
+    assert parse_numa_maps_bytes(text) == {0: 900 * 4096, 3: (1500 + 36) * 4096 + 40 * 2 * 1024 * 1024}

@@ -74,8 +74,9 @@ class Postgres:
         args = [self.tool("postgres"), "-D", self.data, "-k", self.sock, "-p", str(PORT)]
         for key, value in self.settings.items():
             args += ["-c", f"{key}={value}"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(os.path.join(self.base, "log"), "w"),
-                                     env=env, preexec_fn=self._demote(), start_new_session=True)
+        with open(os.path.join(self.base, "log"), "w") as log:
+            self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=log, env=env,
+                                         preexec_fn=self._demote(), start_new_session=True)
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.proc.poll() is not None:
