@@ -10,6 +10,8 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PACKAGES := swi-prolog-nox hwloc gcc make libc6-dev
+# Elastic cores (issue 16): a real PostgreSQL for its smoke test and benchmark.
+APT_PACKAGES += postgresql
 PYTEST_ARGS ?=
 
 .PHONY: setup deps demo test bench clean
@@ -45,6 +47,7 @@ test: setup
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup
+	$(VPY) -m pip install -q -e '.[bench]'
 	@for b in bench/*_bench.py; do echo "== $$b"; $(VPY) $$b; done
 
 clean:

@@ -79,6 +79,31 @@ def parse_numa_maps(text: bytes) -> dict[int, int]:
     return dict(sorted(pages.items()))
 
 
+PAGE_SIZE_TOKEN = re.compile(rb"\bkernelpagesize_kB=(\d+)")
+
+
+def parse_numa_maps_bytes(text: bytes) -> dict[int, int]:
+    """Resident bytes per node: each line's ``N<node>=<pages>`` times its ``kernelpagesize_kB``
+    (a 2 MiB huge page weighs 512 base pages, not one)."""
+    out: dict[int, int] = {}
+    for line in text.splitlines():
+        size = PAGE_SIZE_TOKEN.search(line)
+        page_bytes = int(size.group(1)) * 1024 if size else 4096
+        for node, count in NODE_TOKEN.findall(line):
+            n = int(node)
+            out[n] = out.get(n, 0) + int(count) * page_bytes
+    return dict(sorted(out.items()))
+
+
+def numa_bytes(pid: int, proc: str = procfs.PROC) -> dict[int, int] | None:
+    """Resident bytes of ``pid`` per NUMA node; None when it is gone or unreadable."""
+    try:
+        with open(f"{proc}/{pid}/numa_maps", "rb") as f:
+            return parse_numa_maps_bytes(f.read())
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+
+
 def numa_pages(pid: int, proc: str = procfs.PROC) -> dict[int, int] | None:
     """Pages of ``pid`` per NUMA node; None when it is gone or unreadable."""
     try:
