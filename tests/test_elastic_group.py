@@ -191,7 +191,7 @@ def test_cgroup_members_counter_and_disappearance(spawn):
 def test_thousands_of_short_processes_are_counted_through_their_parent():
     # A shell forks and reaps 1500 short processes; few are ever seen alive.
     events = open_source(prefer_connector=True)
-    shell = subprocess.Popen(["sh", "-c", "i=0; while [ $i -lt 1500 ]; do /bin/true; i=$((i+1)); done; sleep 5"])
+    shell = subprocess.Popen(["sh", "-c", "i=0; while [ $i -lt 1500 ]; do /bin/true; i=$((i+1)); done; sleep 60"])
     try:
         group = PidTreeGroup([shell.pid])
         meter = GroupMeter(group)
