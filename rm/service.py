@@ -292,18 +292,21 @@ class ResourceManager:
                 plan = await self._plan([t.spec for t in self.registry.tasks.values()] + [task.spec])
                 if plan.cores is None:
                     raise self._refusal(task.spec, plan)
-                state = epochs.add_task(self.epochs, task.name)
-                new_state, pub = epochs.adopt(state, plan.cores, self._now(), self.cfg.revoke_deadline_s,
-                                              f"task {task.name} arrived")
+                reason = f"task {task.name} arrived"
+                _, trial = epochs.adopt(epochs.add_task(self.epochs, task.name), plan.cores, self._now(),
+                                        self.cfg.revoke_deadline_s, reason)
                 # 3. pin the newcomer (if it holds anything yet); 4. write the SKB in one transaction
-                grant = new_state.holdings().get(task.name, ())
+                grant = trial.holdings.get(task.name, ())
                 self._pin_or_refuse(task, grant)
                 try:
                     results = await skb_call(self.skb.batch(writes))
                 except BaseException:
                     self._release(task)
                     raise
-                # 5. commit: from here on nothing is undone
+                # 5. commit: from here on nothing is undone.  The plan is adopted on the epoch
+                # state as it is now (an acknowledgement may have moved cores during the write).
+                new_state, pub = epochs.adopt(epochs.add_task(self.epochs, task.name), plan.cores,
+                                              self._now(), self.cfg.revoke_deadline_s, reason)
                 for result in results:
                     if isinstance(result, dict) and "usage" in result:
                         self.registry.usage[app] = Usage.from_reply(result["usage"])
@@ -313,7 +316,7 @@ class ResourceManager:
                 task.auto_subscription = sub.id
                 self.epochs = new_state
                 self.last_plan = plan
-                await self._publish(pub, already_pinned={task.name: grant})
+                await self._publish(pub, already_pinned={task.name: grant} if grant else None)
         if facts:
             self.facts_changed(app, "add", facts)
         self.emit("task_arrived", {"task": task.name, "pid": task.pid, "app": task.app})
@@ -325,8 +328,6 @@ class ResourceManager:
             plan = await self._plan(specs)
             if plan.cores is None:
                 raise self._refusal(spec, plan)
-            new_state, pub = epochs.adopt(self.epochs, plan.cores, self._now(), self.cfg.revoke_deadline_s,
-                                          f"task {task.name} changed")
             old_spec, old_props = task.spec, task.properties
             task.spec, task.properties = spec, properties
             try:
@@ -335,7 +336,9 @@ class ResourceManager:
             except BaseException:
                 task.spec, task.properties = old_spec, old_props
                 raise
-            self.epochs = new_state
+            # Adopted on the epoch state as it is now, with no await in between.
+            self.epochs, pub = epochs.adopt(self.epochs, plan.cores, self._now(), self.cfg.revoke_deadline_s,
+                                            f"task {task.name} changed")
             self.last_plan = plan
             await self._publish(pub)
 

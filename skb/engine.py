@@ -102,7 +102,10 @@ class SKB:
         proc.wait()
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
-                stream.close()
+                try:
+                    stream.close()
+                except OSError:  # a request still buffered for a process that is gone
+                    pass
         self._proc = None
 
     def close(self) -> None:
