@@ -12,14 +12,18 @@ from .model import FactsError, Machine
 
 
 def from_args(sysfs_root: str | Path | None = None, hwloc: str | Path | None = None,
-              machine: str | None = None) -> Machine:
-    """The machine named by at most one source; none given means this machine."""
+              machine: str | None = None, *, whole_system: bool = False) -> Machine:
+    """The machine named by at most one source; none given means this machine.
+
+    An hwloc export is shown as hwloc's tools show it: what its allowed cpuset and
+    nodeset leave out is left out, unless ``whole_system`` (then it is marked)."""
     given = [name for name, value in (("sysfs_root", sysfs_root), ("hwloc", hwloc),
                                       ("machine", machine)) if value is not None]
     if len(given) > 1:
         raise FactsError(f"give at most one machine source, not {' and '.join(given)}")
     if hwloc is not None:
-        return hwloc_xml.load(hwloc)
+        loaded = hwloc_xml.load(hwloc)
+        return loaded if whole_system else loaded.restricted()
     if machine is not None:
         return machines.load(machine)
     if sysfs_root is not None:

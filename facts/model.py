@@ -15,7 +15,7 @@ turns it into Prolog facts and the allocator reads it.  It holds no policy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cod.protocol.errors import CodError
@@ -89,6 +89,39 @@ class Machine:
         allowed = None if self.allowed_cpus is None else set(self.allowed_cpus)
         return tuple(
             pu.id for pu in self.pus if pu.online and (allowed is None or pu.id in allowed)
+        )
+
+    def restricted(self) -> "Machine":
+        """The machine as this process may use it: disallowed PUs and NUMA nodes left out.
+
+        hwloc's tools show a topology this way by default (an export made inside a
+        container or a restricted cpuset); ``--whole-system`` keeps everything, with the
+        allowed sets marking what may be used."""
+        if self.allowed_cpus is None and self.allowed_mems is None:
+            return self
+        cpus = set(self.cpu_ids())
+        nodes = None if self.allowed_mems is None else set(self.allowed_mems)
+
+        def keep(ids: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(c for c in ids if c in cpus)
+
+        kept_nodes = tuple(
+            replace(n, cpus=keep(n.cpus), distances={k: v for k, v in n.distances.items()
+                                                     if nodes is None or k in nodes})
+            for n in self.numa_nodes if nodes is None or n.id in nodes)
+        node_ids = {n.id for n in kept_nodes}
+        return replace(
+            self,
+            packages=tuple(replace(p, cpus=keep(p.cpus)) for p in self.packages if keep(p.cpus)),
+            numa_nodes=kept_nodes,
+            caches=tuple(replace(c, cpus=keep(c.cpus)) for c in self.caches if keep(c.cpus)),
+            cores=tuple(replace(c, id=min(keep(c.pus)), pus=keep(c.pus)) for c in self.cores if keep(c.pus)),
+            pus=tuple(replace(pu, numa_node=pu.numa_node if pu.numa_node in node_ids else None)
+                      for pu in self.pus if pu.id in cpus),
+            allowed_cpus=None,
+            allowed_mems=None,
+            total_memory_bytes=(sum(n.memory_bytes for n in kept_nodes if n.memory_bytes is not None)
+                                or self.total_memory_bytes),
         )
 
     def node_of_cpu(self) -> dict[int, int | None]:

@@ -24,6 +24,7 @@ class RMConfig:
     socket: str | None = None            # None: default_socket_path()
     machine: str | None = None           # a reference machine name: planning-only daemon
     hwloc: str | None = None             # an hwloc XML file: planning-only daemon
+    whole_system: bool = False           # with hwloc: keep what its allowed sets leave out
     enforce: bool = True                 # apply allocations to processes (off for --machine/--hwloc)
     log_level: str = "info"
     socket_owner: str | None = None      # user name or uid for the socket file

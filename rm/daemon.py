@@ -40,7 +40,7 @@ def load_machine(cfg: RMConfig) -> Any:
     from cod.facts import FactsError, from_args
 
     try:
-        return from_args(hwloc=cfg.hwloc, machine=cfg.machine)
+        return from_args(hwloc=cfg.hwloc, machine=cfg.machine, whole_system=cfg.whole_system)
     except FactsError as err:
         raise StartupError(str(err)) from None
 

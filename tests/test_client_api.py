@@ -66,11 +66,18 @@ def test_errors_are_typed_and_carry_the_servers_code(magny, tmp_path):
 def test_register_request_and_upcalls_on_the_handler_thread(magny):
     seen: list[dict] = []
     arrived: list[dict] = []
+    threads: set[threading.Thread] = set()
+
+    def on_allocation(event: dict) -> None:
+        threads.add(threading.current_thread())
+        seen.append(event)
+
     with Client.connect(str(magny.path), app="dbx") as a, Client.connect(str(magny.path), app="dby") as b:
         sub = b.subscribe("task_arrived", None, arrived.append)
-        a.register_task("scan", max_cores=12, sensitive=["numa"], on_allocation=seen.append)
+        a.register_task("scan", max_cores=12, sensitive=["numa"], on_allocation=on_allocation)
         assert wait_until(lambda: seen and arrived)
-        assert threading.current_thread() is threading.main_thread()
+        # Handlers run on the client's handler thread, never on the caller's.
+        assert len(threads) == 1 and threading.current_thread() not in threads
         assert arrived[0]["task"] == "scan" and arrived[0]["subscription"] == sub
         alloc = a.request_allocation()
         assert set(alloc) >= {"epoch", "cores", "numa_nodes", "memory_nodes"}

@@ -157,9 +157,9 @@ def test_kernel_thread_with_fixed_mask_is_tolerated():
 
 
 @pytest.mark.parametrize("task,cpus,mems,needle", [
-    ("../etc", [0], [0], "not allowed"),
-    ("a/b", [0], [0], "not allowed"),
-    ("", [0], [0], "not allowed"),
+    ("", [0], [0], "must not be empty"),
+    ("a\x00b", [0], [0], "control character"),
+    ("x" * 129, [0], [0], "bytes long"),
     ("db", [], [0], "cpus is empty"),
     ("db", [0], [], "mems is empty"),
     ("db", [-1], [0], "-1"),
@@ -416,3 +416,33 @@ def test_children_forked_after_pinning_are_freed_on_release(kind: str, state_dir
         parent.stdin.write("done\n")
         parent.stdin.flush()
         parent.wait(10)
+
+
+@pytest.mark.parametrize("name, directory", [
+    ("db", "db"), ("pg-main", "pg-main"), ("duckdb.worker-1", "duckdb.worker-1"), ("other.1234", "other.1234"),
+])
+def test_plain_task_names_are_their_own_cgroup_directory(name, directory):
+    from cod.rm.enforce.affinity import cgroup_dir_name
+    assert cgroup_dir_name(name) == directory
+
+
+def test_any_other_name_gets_an_escaped_directory_that_never_collides():
+    from cod.rm.enforce.affinity import cgroup_dir_name
+    names = ["PostgreSQL 16", "Zürich", "a/b", "..", ".", "~x", "x" * 128, "é" * 64, "a b", "a  b", "../etc"]
+    dirs = [cgroup_dir_name(n) for n in names]
+    assert len(set(dirs)) == len(names)
+    for d in dirs:
+        assert "/" not in d and d not in (".", "..") and 0 < len(d.encode()) <= 255
+        assert d.startswith("~") or d in names
+
+
+@pytest.mark.parametrize("arch, number", [("x86_64", 256), ("aarch64", 238), ("ppc64le", 258), ("s390x", 287)])
+def test_migrate_pages_has_its_number_on_each_architecture(arch, number):
+    from cod.rm.enforce.cpuset import migrate_pages_number
+    assert migrate_pages_number(arch) == number
+
+
+def test_an_unknown_architecture_is_said_not_guessed():
+    from cod.rm.enforce.cpuset import migrate_pages_number
+    with pytest.raises(EnforceError, match="not supported on vax"):
+        migrate_pages_number("vax")

@@ -238,3 +238,24 @@ def test_v1_and_v2_exports_of_one_machine_agree():
     v2 = hwloc_xml.load(HWLOC_DIR / "16amd64-4distances.xml")
     for attr in ("packages", "numa_nodes", "caches", "cores", "pus", "total_memory_bytes"):
         assert getattr(v1, attr) == getattr(v2, attr), attr
+
+
+@pytest.mark.skipif(not HAVE_HWLOC, reason="hwloc's tools are not installed")
+@pytest.mark.parametrize("whole", [False, True], ids=["allowed-only", "whole-system"])
+def test_an_export_with_a_restricted_allowed_set_reads_as_hwloc_shows_it(tmp_path: Path, whole: bool):
+    # An export made inside a cpuset: half of package 0 and its two nodes allowed.
+    text = (HWLOC_DIR / "64amd64-4p2n4ca2co.xml").read_text()
+    text = re.sub(r'allowed_cpuset="[^"]*"', 'allowed_cpuset="0x0000ffff"', text, count=1)
+    text = re.sub(r'allowed_nodeset="[^"]*"', 'allowed_nodeset="0x00000003"', text, count=1)
+    path = tmp_path / "restricted.xml"
+    path.write_text(text)
+    from cod.facts import from_args
+
+    machine = from_args(hwloc=path, whole_system=whole)
+    args = ["--input", str(path), "-v", "-"] + (["--whole-system"] if whole else [])
+    assert_agrees(machine, parse_lstopo(_hwloc_tool("lstopo-no-graphics", *args)))
+    if whole:
+        assert machine.allowed_cpus == tuple(range(16)) and machine.allowed_mems == (0, 1)
+        assert machine.cpu_ids() == tuple(range(16))
+    else:
+        assert machine.allowed_cpus is None and {pu.id for pu in machine.pus} == set(range(16))

@@ -7,7 +7,7 @@ import json
 import sys
 
 from cod.facts import from_args, text
-from cod.facts.model import FactsError
+from cod.facts.model import FactsError, Machine
 from cod.facts.prolog import to_prolog
 
 from .errors import UserError
@@ -23,6 +23,15 @@ def add_machine_source(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--hwloc", metavar="FILE", help="import an hwloc XML export (v1 or v2)")
     group.add_argument("--machine", metavar="NAME",
                        help="a reference machine (magnycours, barcelona, shanghai, nehalem-ex)")
+    parser.add_argument("--whole-system", action="store_true",
+                        help="with --hwloc: keep the CPUs and NUMA nodes the export's allowed sets leave out "
+                             "(marked as not allowed), as hwloc's --whole-system does")
+
+
+def machine_of(args: argparse.Namespace) -> Machine:
+    """The machine a command's arguments name (see add_machine_source)."""
+    return from_args(sysfs_root=getattr(args, "sysfs_root", None), hwloc=args.hwloc, machine=args.machine,
+                     whole_system=getattr(args, "whole_system", False))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        machine = from_args(sysfs_root=args.sysfs_root, hwloc=args.hwloc, machine=args.machine)
+        machine = machine_of(args)
     except FactsError as err:
         raise UserError(str(err), 2) from None
     if args.format == "json":

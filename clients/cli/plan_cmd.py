@@ -15,13 +15,12 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from cod.facts import from_args
 from cod.facts.model import FactsError, Machine
 from cod.rm.allocator import SOLVERS, AllocationResult, TaskSpec, TaskSpecError, allocate
 from cod.rm.allocator.topology import build_view
 
 from .errors import UserError
-from .facts_cmd import add_machine_source
+from .facts_cmd import add_machine_source, machine_of
 
 INFEASIBLE_STATUS = 2
 
@@ -101,7 +100,7 @@ def parse_cpulist(text: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        machine = from_args(sysfs_root=args.sysfs_root, hwloc=args.hwloc, machine=args.machine)
+        machine = machine_of(args)
     except FactsError as err:
         raise UserError(str(err), 2) from None
     tasks = load_tasks(args.tasks)

@@ -15,11 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-from cod.facts import FactsError, from_args
+from cod.facts import FactsError
 from cod.skb import SKB, SKBError
 
 from .errors import UserError
-from .facts_cmd import add_machine_source
+from .facts_cmd import add_machine_source, machine_of
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        machine = from_args(sysfs_root=args.sysfs_root, hwloc=args.hwloc, machine=args.machine)
+        machine = machine_of(args)
     except FactsError as err:
         raise UserError(str(err)) from None
     try:

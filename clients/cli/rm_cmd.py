@@ -59,6 +59,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="log verbosity on stderr (default: info)")
     p.add_argument("--revoke-deadline", dest="revoke_deadline_s", type=float, default=None, metavar="SECONDS",
                    help="grace time a task gets to give back cores taken from it (default: 2)")
+    p.add_argument("--whole-system", action="store_const", const=True, default=None,
+                   help="with --hwloc: keep the CPUs and nodes the file's allowed sets leave out")
     p.add_argument("--busy-scope", default=None, metavar="SCOPE",
                    help="which unregistered processes may be reported and confined: all, uids:UID,..., "
                         "cgroup:/path or descendants:PID (default: all)")
@@ -77,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
             args.config,
             args.sets,
             busy_scope=args.busy_scope,
+            whole_system=args.whole_system,
             socket=args.socket,
             machine=args.machine,
             hwloc=args.hwloc,

@@ -8,11 +8,14 @@ the backend that does nothing more than pin threads.
 
 from __future__ import annotations
 
+import base64
 import errno
 import logging
 import os
 import re
 from collections.abc import Sequence
+
+from cod.protocol.names import name_problem
 
 from . import cgroupfs, procfs
 from .errors import EnforceError
@@ -26,12 +29,23 @@ PIN_ROUNDS = 4
 
 
 def check_task_name(task: str) -> str:
-    # Task names become cgroup directory names: no '/', no '..', bounded length.
-    if not isinstance(task, str) or not TASK_NAME.fullmatch(task):
-        raise EnforceError(
-            f"task name {task!r} is not allowed: use 1-64 of A-Z a-z 0-9 _ . : - (not starting with . : -)"
-        )
+    """A task name the enforcer can record: any name cod.protocol.names accepts."""
+    problem = name_problem(task)
+    if problem is not None:
+        raise EnforceError(f"task name {task!r} {problem}")
     return task
+
+
+def cgroup_dir_name(task: str) -> str:
+    """The cgroup directory of a task: its own name when that is a plain word, else an escape.
+
+    Plain words ([A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}) stay readable; any other name becomes
+    "~" + base32 of its UTF-8 bytes, which no plain word starts with, so two names never share
+    a directory, and never "." or ".." or a "/" (at most 206 bytes, below NAME_MAX)."""
+    check_task_name(task)
+    if TASK_NAME.fullmatch(task):
+        return task
+    return "~" + base64.b32encode(task.encode("utf-8")).decode("ascii").rstrip("=").lower()
 
 
 def set_thread_affinity(tid: int, cpus: Sequence[int], proc: str = procfs.PROC) -> bool:

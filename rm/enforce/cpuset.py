@@ -15,17 +15,32 @@ import ctypes
 import errno
 import logging
 import os
+import platform
 from collections.abc import Sequence
 
 from . import procfs
-from .affinity import RecordingEnforcer, check_task_name, pin_process, set_thread_affinity
+from .affinity import TASK_NAME, RecordingEnforcer, cgroup_dir_name, pin_process, set_thread_affinity
 from .cgroupfs import CpusetMount, move_into, process_cgroup
 from .errors import EnforceError
 from .state import ProcRecord
 
 log = logging.getLogger("cod.rm.enforce")
 
-SYS_migrate_pages = 256  # x86_64; arch/x86/entry/syscalls/syscall_64.tbl
+# migrate_pages(2) has no glibc wrapper; its number per architecture, from the kernel's syscall
+# tables (arch/*/entry/syscalls/*.tbl, include/uapi/asm-generic/unistd.h for the generic ones).
+SYS_MIGRATE_PAGES = {
+    "x86_64": 256, "i386": 294, "i686": 294, "aarch64": 238, "riscv64": 238, "loongarch64": 238,
+    "ppc64": 258, "ppc64le": 258, "s390x": 287, "mips64": 5246,
+}
+
+
+def migrate_pages_number(machine: str | None = None) -> int:
+    arch = machine or platform.machine()
+    try:
+        return SYS_MIGRATE_PAGES[arch]
+    except KeyError:
+        raise EnforceError(f"memory migration is not supported on {arch}: migrate_pages(2) has no known "
+                           "number there (turn memory_migrate off)") from None
 
 
 def _write(path: str, value: str) -> None:
@@ -54,7 +69,7 @@ def migrate_pages(pid: int, old_nodes: Sequence[int], new_nodes: Sequence[int]) 
         return m
 
     libc = ctypes.CDLL(None, use_errno=True)
-    res = libc.syscall(SYS_migrate_pages, ctypes.c_int(pid), ctypes.c_ulong(words * 64 + 1),
+    res = libc.syscall(migrate_pages_number(), ctypes.c_int(pid), ctypes.c_ulong(words * 64 + 1),
                        mask(old_nodes), mask(new_nodes))
     if res < 0:
         e = ctypes.get_errno()
@@ -79,7 +94,8 @@ class CpusetEnforcer(RecordingEnforcer):
                  proc: str = procfs.PROC) -> None:
         if mount.version != self.version:
             raise EnforceError(f"{type(self).__name__} needs cgroup v{self.version}, got {mount.describe()}")
-        check_task_name(parent)
+        if not TASK_NAME.fullmatch(parent):
+            raise EnforceError(f"cgroup parent {parent!r}: use 1-64 of A-Z a-z 0-9 _ . : - (not starting with . : -)")
         super().__init__(state_dir, proc)
         self.mount = mount
         self.parent = os.path.join(mount.path, parent)
@@ -112,7 +128,7 @@ class CpusetEnforcer(RecordingEnforcer):
         raise NotImplementedError
 
     def task_dir(self, task: str) -> str:
-        return os.path.join(self.parent, check_task_name(task))
+        return os.path.join(self.parent, cgroup_dir_name(task))
 
     def _original_cgroup(self, pid: int) -> str | None:
         rel = process_cgroup(pid, self.version, self.proc)
@@ -200,7 +216,7 @@ class CpusetEnforcer(RecordingEnforcer):
             return done
         for name in names:
             path = os.path.join(self.parent, name)
-            if os.path.isdir(path) and name not in self.state.tasks:
+            if os.path.isdir(path) and name not in {cgroup_dir_name(t) for t in self.state.tasks}:
                 if self._remove_cgroup(path):
                     done.append(f"removed unrecorded cgroup {path}")
         return done

@@ -1,0 +1,52 @@
+/*  plunit tests of application namespaces: names, facts, owners, quotas, procedures, queries.
+*/
+:- begin_tests(cod_apps).
+
+:- use_module(cod_apps).
+
+test(names, [forall(member(N, ['pg-main', 'PostgreSQL 16', 'Zürich', 'duckdb.worker-1']))]) :-
+    valid_app_name(N).
+
+test(bad_names, [forall(member(N, ['', 'a\nb', 'tab\there', 'é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é_é']))]) :-
+    \+ valid_app_name(N).
+
+test(facts_are_ground, [error(domain_error(ground_fact, _), _)]) :-
+    add_facts(plunit_a, persistent, ["city(X)"], none, _).
+
+test(operator_facts_are_refused, [error(domain_error(operator_fact, _), _)]) :-
+    add_facts(plunit_a, persistent, ["db-rtime(3000)"], none, _).
+
+test(owners_hold_facts) :-
+    add_facts(plunit_b, conn(1), ["cfg(1)", "cfg(2)"], none, 2),
+    add_facts(plunit_b, conn(2), ["cfg(3)", "cfg(1)"], none, 1),
+    drop_owner(plunit_b, conn(2), Removed),
+    Removed == 1,
+    list_facts(plunit_b, cfg/1, Texts),
+    Texts == ["cfg(1)", "cfg(2)"].
+
+test(removal_unifies) :-
+    add_facts(plunit_c, persistent, ["price(apple,3)", "price(pear,4)"], none, 2),
+    remove_facts(plunit_c, ["price(apple,_)"], 1),
+    list_facts(plunit_c, all, ["price(pear,4)"]).
+
+test(quota, [error(resource_error(cod_quota(facts, 2)), _)]) :-
+    add_facts(plunit_d, persistent, ["q(1)", "q(2)", "q(3)"], limits(2, 1000, 10, 1000), _).
+
+test(quota_refusal_changes_nothing) :-
+    catch(add_facts(plunit_e, persistent, ["q(1)", "q(2)", "q(3)"], limits(2, 1000, 10, 1000), _), _, true),
+    app_usage(plunit_e, usage(F, _, _, _)),
+    F =< 3.    % outside a transaction the facts stay; the server runs every write in one
+
+test(procedure_replaces_its_predicates) :-
+    add_procedure(plunit_f, "p(1). p(2).", false, none, ['p'/1]),
+    add_procedure(plunit_f, "p(3).", false, none, _),
+    run_query(plunit_f, "p(X)", [], answer(S, false, _)),
+    S == [['X'-3]].
+
+test(query_qualification_in_data_is_data) :-
+    run_query(plunit_g, "X = time(12:30)", [], answer([['X'-time(12:30)]], false, _)).
+
+test(query_qualification_in_goals_is_refused, [error(permission_error(call, module_qualified, _), _)]) :-
+    run_query(plunit_g, "lists:append(X, Y, [1])", [], _).
+
+:- end_tests(cod_apps).

@@ -1,0 +1,59 @@
+/*  plunit tests of the sandbox rules (cod_guard.pl with library(sandbox)).
+*/
+:- begin_tests(cod_guard).
+
+:- use_module(library(sandbox)).
+:- use_module(cod_guard).
+:- use_module(cod_apps).
+
+app(M) :- cod_apps:app_module(plunit_guard, M).
+
+refused(Goal) :-
+    app(M),
+    catch(( safe_goal(M:Goal), fail ), error(permission_error(_, _, _), _), true).
+
+test(installed_first) :-
+    guard_installed.
+
+test(denied_reflection, [forall(member(G, [clause(_, _), predicate_property(_, _), current_predicate(_),
+                                           current_module(_), import_module(_, _), nth_clause(_, _, _)]))]) :-
+    refused(G).
+
+test(denied_loading, [forall(member(G, [use_module(x), use_module(x, []), load_files(x, []), consult(x),
+                                        ensure_loaded(x)]))]) :-
+    refused(G).
+
+test(denied_global_state, [forall(member(G, [set_prolog_flag(prefer_rationals, true), op(700, xfx, ===),
+                                             nb_getval(k, _), b_setval(k, 1), recorda(k, v), flag(k, _, 1),
+                                             abolish_all_tables, char_conversion(a, b)]))]) :-
+    refused(G).
+
+test(denied_database, [forall(member(G, [assertz(f(1)), retract(f(_)), retractall(f(_)), erase(_),
+                                         maplist(assertz, [f(1)])]))]) :-
+    refused(G).
+
+test(denied_control_and_output, [forall(member(G, [abort, halt, print_message(error, x),
+                                                   setup_call_cleanup(true, true, true),
+                                                   call_cleanup(true, true), put_attr(_, m, 1)]))]) :-
+    refused(G).
+
+test(catch_needs_a_bound_catcher, [error(permission_error(catch, reserved_exception, _), _)]) :-
+    app(M), safe_goal(M:catch(true, _, true)).
+
+test(catch_may_not_name_a_limit, [forall(member(C, [cod_limit(_), time_limit_exceeded,
+                                                    inference_limit_exceeded, '$aborted', unwind(_)]))]) :-
+    app(M),
+    catch(( safe_goal(M:catch(true, C, true)), fail ), error(permission_error(catch, reserved_exception, _), _), true).
+
+test(catch_of_errors_is_allowed) :-
+    app(M), safe_goal(M:catch(atom_length(_, _), error(_, _), true)).
+
+test(ordinary_code_is_allowed, [forall(member(G, [findall(X, member(X, [1, 2]), _), sum_list([1, 2], _),
+                                                  aggregate_all(count, member(_, [a]), _),
+                                                  format(atom(_), '~w', [x]), sleep(0)]))]) :-
+    app(M), safe_goal(M:G).
+
+test(reserved_exceptions_are_listed, [nondet]) :-
+    reserved_exception(cod_limit(time)).
+
+:- end_tests(cod_guard).
