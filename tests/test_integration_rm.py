@@ -425,3 +425,33 @@ def test_a_client_that_hangs_up_mid_request_does_not_desynchronise_the_skb(tmp_p
             c.close()
     finally:
         d.stop()
+
+
+@two_cpus
+@needs_root()
+@pytest.mark.slow
+def test_a_steady_hog_moves_a_task_at_most_once_in_30_s(tmp_path, spawn):
+    """Hysteresis (issue "Security first", item 14): one steady hog on a 2-CPU machine used to make a
+    max_cores=1 task flap between the CPUs; after the first placement nothing moves."""
+    d, _ = enforcing_daemon(tmp_path, "affinity")
+    try:
+        db = spawn(1, "sleep")
+        c = RawConn(d.path)
+        c.hello("steady")
+        first = register(c, "db", db.pid, min_cores=1, max_cores=1)["allocation"]["cores"]
+        hog = spawn(1, "spin")
+        wait_until(lambda: hog.pid in others_of(c), 10, "the hog recorded as other_task")
+        moves = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                up = wait_upcall(c, lambda p: p.get("task") == "db", timeout=max(0.1, deadline - time.monotonic()))
+            except AssertionError:
+                break
+            ack_all(c, up)
+            moves.append(up["cores"])
+        distinct = [m for i, m in enumerate(moves) if m and (i == 0 or m != moves[i - 1])]
+        assert len(distinct) <= 1, f"db moved {len(distinct)} times: {moves} (first {first})"
+        assert hog.pid in others_of(c)  # still seen as busy, never "quiet or gone"
+    finally:
+        d.stop()

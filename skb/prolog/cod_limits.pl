@@ -2,74 +2,108 @@
 */
 
 :- module(cod_limits,
-          [ run_limited/3            % :Goal, +Seconds, +Inferences
+          [ run_limited/3,           % :Goal, +Seconds, +Inferences
+            start_watchdog/0
           ]).
 :- use_module(library(error)).
-:- use_module(library(time)).
 
 /** <module> Time and inference limits for application code
 
-call_with_time_limit/2 fires its alarm once: a goal that catches
-time_limit_exceeded (or runs a long recovery or cleanup goal) escapes it,
-and the engine had to be restarted to get the thread back.  Here the limit
-is enforced by an alarm that keeps firing every RETRY_S seconds until the
-goal is over, throwing cod_limit(time) each time, and cod_guard.pl refuses
-application code that could catch cod_limit(_) (a catch/3 whose catcher is
-unbound or unifies with a reserved exception) or run cleanup handlers.  So
-the first exception that reaches a frame the application did not write
-ends the query.
+The time limit is enforced from outside the query: every limited call
+records its deadline (in the recorded database under cod_deadline, which,
+unlike dynamic predicates, is not undone or hidden by the snapshot/1 that
+queries run in), and one watchdog thread looks at
+the table every TICK_S seconds and throws cod_limit(time) in every thread
+whose deadline has passed, again at each tick until the call is over.  So:
+
+  - a query costs an assert and an erase, not an alarm: call_with_time_limit/2
+    wakes SWI-Prolog's alarm thread twice per call (measured: alarm/4 and
+    remove_alarm/1 were a quarter of a trivial query's time, and each is a
+    cross-thread wake-up), and a limit is overshot by at most one tick;
+  - a query that catches the exception (or runs a long recovery) is
+    interrupted again at the next tick, and cod_guard.pl refuses application
+    code that could catch cod_limit(_) at all (a catch/3 whose catcher is
+    unbound or unifies with a reserved exception) or run cleanup handlers,
+    so the first exception that reaches a frame the application did not
+    write ends the query.
 
 The inference limit is call_with_inference_limit/3's; its exception
 (inference_limit_exceeded) is reserved as well.  The stack limit is the
 thread's own (set when the SKB server creates the thread).
+
+Before start_watchdog/0 runs (sync tools that load these files without the
+server), limits fall back to an alarm per call.
 */
 
 :- meta_predicate run_limited(0, +, +).
 
-:- thread_local active_limit/1.
+:- dynamic
+    watchdog_running/0.
 
-retry_s(0.05).
+tick_s(0.02).
 
 %!  run_limited(:Goal, +Seconds, +Inferences) is semidet.
 %
-%   Call Goal once... as call/1 would, under a wall-clock limit of Seconds
-%   and a limit of Inferences.
+%   Call Goal as once/1 would, under a wall-clock limit of Seconds and a
+%   limit of Inferences.
 %
 %   @error cod_limit(time) when the time limit is reached.
 %   @error resource_error(inferences) (context inference_limit(N)) when
 %          the inference limit is reached.
 run_limited(Goal, Seconds, Inferences) :-
     must_be(positive_integer, Inferences),
-    (   number(Seconds), Seconds > 0, Seconds =:= Seconds, Seconds < inf
+    (   number(Seconds), Seconds > 0, Seconds < inf
     ->  true
     ;   must_be(positive_number, Seconds), domain_error(finite_time_limit, Seconds)
     ),
-    flag(cod_limit_id, Id, Id+1),
-    setup_call_cleanup(
-        arm(Id, Seconds, Alarm),
-        call_with_inference_limit(Goal, Inferences, Result),
-        disarm(Id, Alarm)),
+    (   watchdog_running
+    ->  get_time(Now),
+        Deadline is Now + Seconds,
+        thread_self(Me),
+        setup_call_cleanup(
+            recorda(cod_deadline, d(Me, Deadline), Ref),
+            call_with_inference_limit(Goal, Inferences, Result),
+            erase(Ref))
+    ;   setup_call_cleanup(
+            alarm(Seconds, cod_limits:expired_alarm, Alarm, [remove(false)]),
+            call_with_inference_limit(Goal, Inferences, Result),
+            remove_alarm(Alarm))
+    ),
     (   Result == inference_limit_exceeded
     ->  throw(error(resource_error(inferences), inference_limit(Inferences)))
     ;   true
     ).
 
-arm(Id, Seconds, Alarm) :-
-    asserta(active_limit(Id)),
-    alarm(Seconds, cod_limits:expire(Id), Alarm, [remove(false)]).
+:- public expired_alarm/0.
+expired_alarm :-
+    throw(cod_limit(time)).
 
-disarm(Id, Alarm) :-
-    retractall(active_limit(Id)),
-    remove_alarm(Alarm).
+%!  start_watchdog is det.
+%
+%   Start the thread that enforces the deadlines (once per process).
+start_watchdog :-
+    (   watchdog_running
+    ->  true
+    ;   thread_create(watch, _, [alias(cod_watchdog), detached(true)]),
+        assertz(watchdog_running)
+    ).
 
-%   expire(+Id): the alarm of limit Id fired in the limited thread.  While
-%   the limited goal runs, throw, and fire again soon in case the goal's
-%   code swallowed it.  Alarms that fire after the goal is over do nothing.
+watch :-
+    tick_s(Tick),
+    repeat,
+        sleep(Tick),
+        get_time(Now),
+        forall(( recorded(cod_deadline, d(Thread, Deadline)), Deadline =< Now ),
+               catch(thread_signal(Thread, cod_limits:expire(Deadline)), _, true)),
+        fail.
+
+%   expire(+Deadline): run in a limited thread by the watchdog.  Throw only
+%   if the call that set Deadline is still running (the thread may have
+%   finished it and begun another since the watchdog looked).
 :- public expire/1.
-expire(Id) :-
-    (   active_limit(Id)
-    ->  retry_s(Retry),
-        alarm(Retry, cod_limits:expire(Id), _, [remove(true)]),
-        throw(cod_limit(time))
+expire(Deadline) :-
+    thread_self(Me),
+    (   recorded(cod_deadline, d(Me, Deadline))
+    ->  throw(cod_limit(time))
     ;   true
     ).

@@ -101,6 +101,7 @@ main :-
     message_queue_create(_, [alias(cod_jobs)]),
     setting(thread_stack, Stack),
     thread_create(writer_loop, _, [alias(cod_writer_thread), stack_limit(Stack)]),
+    start_watchdog,
     start_direct,
     send_line('{"ready":true}'),
     serve(In).
