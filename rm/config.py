@@ -78,6 +78,7 @@ class RMConfig:
                                          # cgroup:/path | descendants:PID
     never_confine: str = "systemd,sshd,init,cod"  # comms (comma separated) never confined
     recompute_interval_s: float = 0.0    # periodic recomputation; 0: only on changes
+    condition_timeout_s: float = 0.05    # time limit of one evaluation of a condition or derived property
     refresh_interval_s: float = 1.0      # live state (load, free memory, task CPU use and pages) into the SKB
     solver: str = "cpsat"                # cpsat (greedy fallback on time limit) | greedy | naive
     solver_time_limit_s: float = 1.0

@@ -31,14 +31,11 @@ from cod.protocol.jsonrpc import (
 )
 from cod.protocol.names import name_problem
 
-from .allocator.model import TaskSpec, TaskSpecError
 from .registry import Connection, Task
 from .service import ResourceManager
+from .taskprops import split_properties
 
 SERVER_NAME = "cod-rm/0.2"
-# Task properties a client may set (TaskSpec's fields other than the name).
-PROPERTY_KEYS = ("min_cores", "max_cores", "working_set_bytes", "bound", "sensitive", "exclusive",
-                 "priority", "pollutes_cache", "allow_smt_sharing")
 MAX_QUERY_SOLUTIONS = 10_000
 
 Handler = Callable[[ResourceManager, Connection, Params], Awaitable[Any]]
@@ -83,16 +80,6 @@ def _task_for(rm: ResourceManager, conn: Connection, p: Params, *, required: boo
     if task.owner_uid != conn.peer.uid and not conn.privileged:
         raise RpcError(PERMISSION_DENIED, f"task {name!r} belongs to uid {task.owner_uid}")
     return task
-
-
-def _spec(name: str, props: dict[str, Any], method: str) -> TaskSpec:
-    unknown = sorted(set(props) - set(PROPERTY_KEYS))
-    if unknown:
-        raise RpcError(INVALID_PARAMS, f"{method}: unknown task property {unknown[0]!r}; known: {', '.join(PROPERTY_KEYS)}")
-    try:
-        return TaskSpec.from_dict({"name": name, **props})
-    except (TaskSpecError, TypeError) as err:
-        raise RpcError(INVALID_PARAMS, f"{method}: {err}") from None
 
 
 def _scope_is_system(rm: ResourceManager, conn: Connection, p: Params) -> bool:
@@ -190,17 +177,14 @@ async def register_task(rm: ResourceManager, conn: Connection, p: Params) -> Any
     p.done()
     if name in rm.registry.tasks:
         raise RpcError(ALREADY_EXISTS, f"a task named {name!r} is already registered")
-    spec = _spec(name, props, "register_task")
-    rm.task_refusal(conn, name, spec.to_dict())
+    plain, derived = split_properties(props, "register_task")
     owner = _proc_owner(pid)
     if owner != conn.peer.uid and not conn.privileged:
         raise RpcError(PERMISSION_DENIED, f"process {pid} belongs to uid {owner}, not to you (uid {conn.peer.uid})")
-    assert conn.app is not None
-    task = Task(name=name, pid=pid, app=conn.app, conn_id=conn.id, owner_uid=conn.peer.uid, spec=spec,
-                properties=spec.to_dict())
-    await rm.register_task(conn, task, facts, procedures, persistent)
-    return {"task": name, "pid": pid, "app": conn.app, "subscription": task.auto_subscription,
-            "properties": spec.to_dict(), "allocation": rm.allocation_of(task)}
+    task = await rm.register_task(conn, name, pid, plain, derived, facts, procedures, persistent)
+    return {"task": name, "pid": pid, "app": task.app, "subscription": task.auto_subscription,
+            "properties": task.spec.to_dict(), "derived": {k: d.to_dict() for k, d in task.derived.items()},
+            "allocation": rm.allocation_of(task)}
 
 
 async def update_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -208,12 +192,12 @@ async def update_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     assert task is not None
     props = p.dict("properties")
     p.done()
-    merged = {k: v for k, v in task.spec.to_dict().items() if k != "name"}
+    merged = dict(task.properties)
     merged.update(props)
-    spec = _spec(task.name, merged, "update_task")
-    rm.task_refusal(conn, task.name, spec.to_dict())
-    await rm.update_task(task, spec, spec.to_dict())
-    return {"task": task.name, "properties": spec.to_dict(), "allocation": rm.allocation_of(task)}
+    plain, derived = split_properties(merged, "update_task")
+    await rm.update_task(task, plain, derived, conn)
+    return {"task": task.name, "properties": task.spec.to_dict(),
+            "derived": {k: d.to_dict() for k, d in task.derived.items()}, "allocation": rm.allocation_of(task)}
 
 
 async def deregister_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -284,6 +268,11 @@ async def subscribe(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     if len(conn.subscriptions) >= rm.cfg.max_subscriptions_per_connection:
         raise RpcError(rpc.QUOTA_EXCEEDED, f"subscribe: this connection has {len(conn.subscriptions)} subscriptions; "
                                            f"the limit is {rm.cfg.max_subscriptions_per_connection}")
+    if event == "condition":
+        goal = filt.get("goal")
+        if not isinstance(goal, str):
+            raise RpcError(INVALID_PARAMS, 'subscribe: a condition needs its goal: {"goal": "cpu_load(0, L), L > 90"}')
+        return {"subscription": await rm.add_condition(conn, goal), "event": event, "filter": filt}
     sub = rm.registry.subscribe(conn, event, filt)
     return {"subscription": sub.id, "event": event, "filter": filt}
 
@@ -293,6 +282,7 @@ async def unsubscribe(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
     if not rm.registry.unsubscribe(conn, sid):
         raise RpcError(NOT_FOUND, f"no subscription {sid} on this connection")
+    rm.remove_condition(conn, sid)
     for name in conn.tasks:
         task = rm.registry.tasks.get(name)
         if task is not None and task.auto_subscription == sid:

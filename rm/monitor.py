@@ -293,6 +293,7 @@ class Monitor:
             # One change: a query never sees the loads of one refresh and the memory of another.
             await self.rm.skb.replace_many(changed)
             self._written.update(changed)
+            self.rm.changed(None)  # conditions and derived properties may read the live state
         except Exception as err:
             log.warning("writing the live state into the SKB: %s", err)
         finally:

@@ -75,6 +75,9 @@ class Task:
     properties: dict[str, Any]  # as the client gave them (derived ones as their query)
     auto_subscription: int | None = None
     children: set[int] = field(default_factory=set)  # processes it forked, pinned with it
+    derived: dict[str, Any] = field(default_factory=dict)  # key -> taskprops.Derived
+    derived_values: dict[str, int] = field(default_factory=dict)  # their last good values
+    warning_subscription: int | None = None
 
     def pids(self) -> list[int]:
         return [self.pid, *sorted(self.children)]

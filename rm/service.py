@@ -40,6 +40,8 @@ from cod.skb import codec
 
 from . import epochs, quotas
 from .allocator.model import TaskSpec
+from .conditions import Condition, ConditionWatch, step
+from .taskprops import Derived, build_spec, derived_value
 from .config import RMConfig
 from .enforce.backend import Enforcer
 from .epochs import EpochState, Publication
@@ -106,6 +108,11 @@ class ResourceManager:
         self._publisher = asyncio.get_running_loop().create_task(self._publish_loop())
         self._background: set[asyncio.Task[Any]] = set()
         self._uid_locks: dict[int, asyncio.Lock] = {}
+        self.conditions = ConditionWatch()
+        self._dirty: set[str] | None = set()
+        self._deriving: asyncio.Task[None] | None = None
+        self._periodic_task = (asyncio.get_running_loop().create_task(self._periodic())
+                               if cfg.recompute_interval_s > 0 else None)
         self.closing = False
 
     # ---- connections -----------------------------------------------------------------------
@@ -150,6 +157,7 @@ class ResourceManager:
 
     async def connection_lost(self, conn: Connection) -> None:
         gone, _ = self.registry.remove_connection(conn.id)
+        self.conditions.forget_connection(conn.id)
         if self.closing:  # close() has released every task and the SKB goes away next
             return
         if conn.token is not None:
@@ -205,6 +213,7 @@ class ResourceManager:
             n = await skb_call(self.skb.add_system_facts(facts))
             self.facts_changed(None, "add", facts)
             self.schedule("system facts changed")
+            self.changed(None)
             return int(n)
         app = self._app(conn)
         async with self._uid_lock(conn.peer.uid):
@@ -224,6 +233,7 @@ class ResourceManager:
             if removed:
                 self.facts_changed(None, "remove", patterns)
                 self.schedule("system facts changed")
+                self.changed(None)
             return removed
         app = self._app(conn)
         reply = await skb_call(self.skb.remove_facts(app, patterns))
@@ -253,9 +263,133 @@ class ResourceManager:
         return conn.app
 
     def _app_changed(self, app: str) -> None:
-        """An application's facts or procedures changed: its tasks' placement may depend on them."""
-        if any(t.app == app for t in self.registry.tasks.values()):
-            self.schedule(f"facts of {app} changed")
+        """An application's facts or procedures changed: what is derived from them is evaluated again."""
+        self.changed({app})
+
+    # ---- what is derived from the SKB: task properties and conditions ---------------------
+    def changed(self, apps: set[str] | None) -> None:
+        """What the SKB holds changed for ``apps`` (None: system facts or live state, so everyone's):
+        derived task properties and condition subscriptions of those applications are evaluated
+        again, soon, all of one application in one SKB call."""
+        if self._dirty is None or apps is None:
+            self._dirty = None
+        else:
+            self._dirty |= apps
+        if self._deriving is None or self._deriving.done():
+            self._deriving = asyncio.get_running_loop().create_task(self._derive_loop())
+
+    async def _derive_loop(self) -> None:
+        while not self.closing and (self._dirty is None or self._dirty):
+            dirty, self._dirty = self._dirty, set()
+            apps = {t.app for t in self.registry.tasks.values() if t.derived} | self.conditions.apps()
+            if dirty is not None:
+                apps &= dirty
+            await asyncio.gather(*(self._derive_app(app) for app in sorted(apps)), return_exceptions=True)
+
+    async def _derive_app(self, app: str) -> None:
+        tasks = [t for t in self.registry.tasks.values() if t.app == app and t.derived]
+        conds = self.conditions.of_app(app)
+        queries: list[tuple[str, str | None]] = [(d.goal, d.var) for t in tasks for d in t.derived.values()]
+        queries += [(c.goal, None) for c in conds]
+        if not queries:
+            return
+        try:
+            results = await self.skb.evaluate(app, Staged(), queries, timeout_s=self.cfg.condition_timeout_s)
+        except SKBError as err:
+            results = [{"error": err.to_dict()}] * len(queries)
+        k = 0
+        for task in tasks:
+            n = len(task.derived)
+            await self._rederived(task, results[k:k + n])
+            k += n
+        for cond, result in zip(conds, results[k:]):
+            self._condition_result(cond, result)
+
+    async def _rederived(self, task: Task, results: list[dict[str, Any]]) -> None:
+        if self.registry.tasks.get(task.name) is not task:
+            return
+        values, errors = self._derived_results(task.derived, results)
+        for key, (_code, message, _data) in errors.items():
+            self._warn(task, key, f"derived {key} ({task.derived[key].goal}): {message}")
+        new = {**task.derived_values, **values}
+        if new == task.derived_values:
+            return
+        changes = ", ".join(f"{k} {task.derived_values.get(k)} -> {v}" for k, v in sorted(new.items())
+                            if task.derived_values.get(k) != v)
+        plain = {k: v for k, v in task.properties.items() if k not in task.derived}
+        try:
+            spec = build_spec(task.name, plain, new, "derived")
+            await self._respec(task, spec, task.properties, task.derived, new,
+                               f"derived properties of {task.name} changed: {changes}")
+        except RpcError as err:
+            self._warn(task, ",".join(sorted(values)), f"derived properties ({changes}) not applied: {err.message}")
+
+    def _warn(self, task: Task, key: str, reason: str) -> None:
+        log.warning("task %s: %s; it keeps its last values", task.name, reason)
+        self.emit("task_warning", {"task": task.name, "app": task.app, "property": key, "reason": reason,
+                                   "kept": dict(task.derived_values)})
+
+    def _condition_result(self, cond: Condition, result: dict[str, Any]) -> None:
+        if cond.sub_id not in self.conditions.conditions:
+            return  # unsubscribed meanwhile
+        outcome = step(cond, result)
+        conn = self.registry.connections.get(cond.conn_id)
+        if outcome.drop is not None:
+            del self.conditions.conditions[cond.sub_id]
+            if conn is not None:
+                self.registry.unsubscribe(conn, cond.sub_id)
+                if conn.send is not None:
+                    conn.send(rpc.notification("subscription_dropped", {
+                        "subscription": cond.sub_id, "event": "subscription_dropped", "goal": cond.goal,
+                        "reason": outcome.drop}))
+            log.info("condition %d (%s) dropped: %s", cond.sub_id, cond.goal, outcome.drop)
+        elif outcome.notify is not None and conn is not None and conn.send is not None:
+            conn.send(rpc.notification("condition", {"subscription": cond.sub_id, **outcome.notify}))
+
+    async def add_condition(self, conn: Connection, goal: str) -> int:
+        """Subscribe ``conn`` to ``goal`` turning true and false; a goal that cannot run is refused now."""
+        app = self._app(conn)
+        [result] = await skb_call(self.skb.evaluate(app, Staged(), [(goal, None)],
+                                                    timeout_s=self.cfg.condition_timeout_s))
+        if "error" in result:
+            err = skb_rpc_error(SKBError(str(result["error"].get("code", "engine")),
+                                         str(result["error"].get("message", "")), result["error"].get("data") or {}))
+            raise RpcError(err.code, f"subscribe: condition {goal!r}: {err.message}", err.data)
+        sub = self.registry.subscribe(conn, "condition", {"goal": goal})
+        cond = Condition(sub.id, conn.id, app, goal)
+        self.conditions.conditions[sub.id] = cond
+        # Its first state is reported (after the reply, which carries the subscription's id).
+        asyncio.get_running_loop().call_soon(self._condition_result, cond, result)
+        return sub.id
+
+    def remove_condition(self, conn: Connection, sub_id: int) -> None:
+        self.conditions.conditions.pop(sub_id, None)
+
+    def _conditions_only_soon(self) -> None:
+        """The allocation changed: conditions may read it (derived properties do not follow it,
+        which would feed the allocation back into itself)."""
+        loop = asyncio.get_running_loop()
+
+        async def run() -> None:
+            for app in sorted(self.conditions.apps()):
+                conds = self.conditions.of_app(app)
+                try:
+                    results = await self.skb.evaluate(app, Staged(), [(c.goal, None) for c in conds],
+                                                      timeout_s=self.cfg.condition_timeout_s)
+                except SKBError as err:
+                    results = [{"error": err.to_dict()}] * len(conds)
+                for cond, result in zip(conds, results):
+                    self._condition_result(cond, result)
+
+        job = loop.create_task(run())
+        self._background.add(job)
+        job.add_done_callback(self._background.discard)
+
+    async def _periodic(self) -> None:
+        """The paper's RM also recomputes now and then (recompute_interval_s, off by default)."""
+        while not self.closing:
+            await asyncio.sleep(self.cfg.recompute_interval_s)
+            self.schedule("periodic recomputation")
 
     # ---- tasks -----------------------------------------------------------------------------
     def task_facts(self, task: Task) -> list[str]:
@@ -271,19 +405,29 @@ class ResourceManager:
         if why is not None:
             raise RpcError(rpc.PERMISSION_DENIED, f"task {name!r}: {why}")
 
-    async def register_task(self, conn: Connection, task: Task, facts: list[str], procedures: list[str],
+    async def register_task(self, conn: Connection, name: str, pid: int, plain: dict[str, Any],
+                            derived: dict[str, Derived], facts: list[str], procedures: list[str],
                             persistent: bool) -> Task:
-        """Admit ``task`` with its application's facts and procedures, all or nothing."""
-        app = task.app
+        """Admit a task with its application's facts and procedures, all or nothing."""
+        app = self._app(conn)
         async with self._uid_lock(conn.peer.uid):
             limits = quotas.write_limits(self.cfg, self.registry, app, conn.peer.uid)
             owner = PERSISTENT if persistent else conn.id
             writes = [codec.add_procedure(app, text, persistent, limits) for text in procedures]
             if facts:
                 writes.append(codec.add_facts(app, owner, facts, limits))
-            if writes:  # 1. check the facts and procedures without keeping them
-                await skb_call(self.skb.evaluate(app, Staged(tuple(facts), owner,
-                                                             tuple((t, persistent) for t in procedures), limits), []))
+            # 1. check the facts and procedures, and derive the properties given as queries, as the
+            #    namespace will be after them, without keeping them
+            values: dict[str, int] = {}
+            if writes or derived:
+                staged = Staged(tuple(facts), owner, tuple((t, persistent) for t in procedures), limits)
+                results = await skb_call(self.skb.evaluate(app, staged, [(d.goal, d.var) for d in derived.values()]))
+                values = self._derived_or_refuse(derived, results, "register_task")
+            spec = build_spec(name, plain, values, "register_task")
+            self.task_refusal(conn, name, spec.to_dict())
+            task = Task(name=name, pid=pid, app=app, conn_id=conn.id, owner_uid=conn.peer.uid, spec=spec,
+                        properties={**plain, **{k: d.to_dict() for k, d in derived.items()}},
+                        derived=dict(derived), derived_values=values)
             writes.append(codec.add_system_facts(self.task_facts(task)))
             async with self._alloc_lock:
                 if task.name in self.registry.tasks:
@@ -314,6 +458,7 @@ class ResourceManager:
                 conn.tasks.add(task.name)
                 sub = self.registry.subscribe(conn, "allocation_changed", {"task": task.name})
                 task.auto_subscription = sub.id
+                task.warning_subscription = self.registry.subscribe(conn, "task_warning", {"task": task.name}).id
                 self.epochs = new_state
                 self.last_plan = plan
                 await self._publish(pub, already_pinned={task.name: grant} if grant else None)
@@ -322,23 +467,66 @@ class ResourceManager:
         self.emit("task_arrived", {"task": task.name, "pid": task.pid, "app": task.app})
         return task
 
-    async def update_task(self, task: Task, spec: TaskSpec, properties: dict[str, Any]) -> None:
+    def _derived_or_refuse(self, derived: dict[str, Derived], results: list[dict[str, Any]],
+                           method: str) -> dict[str, int]:
+        values, errors = self._derived_results(derived, results)
+        if errors:
+            key, (code, message, data) = next(iter(errors.items()))
+            raise RpcError(code, f"{method}: derived {key} ({derived[key].goal}): {message}", data)
+        return values
+
+    @staticmethod
+    def _derived_results(derived: dict[str, Derived], results: list[dict[str, Any]]
+                         ) -> tuple[dict[str, int], dict[str, tuple[int, str, dict[str, Any] | None]]]:
+        """Each derived property's value, or why it has none: (code, message, data)."""
+        values: dict[str, int] = {}
+        errors: dict[str, tuple[int, str, dict[str, Any] | None]] = {}
+        for (key, d), result in zip(derived.items(), results):
+            if "error" in result:
+                err = SKBError(str(result["error"].get("code", "engine")), str(result["error"].get("message", "")),
+                               result["error"].get("data") or {})
+                rpc_err = skb_rpc_error(err)
+                errors[key] = (rpc_err.code, rpc_err.message, rpc_err.data)
+            elif "none" in result:
+                errors[key] = (rpc.INVALID_PARAMS, "the query has no solution", None)
+            else:
+                try:
+                    values[key] = derived_value(key, result.get("value"))
+                except ValueError as err:
+                    errors[key] = (rpc.INVALID_PARAMS, str(err), None)
+        return values, errors
+
+    async def update_task(self, task: Task, plain: dict[str, Any], derived: dict[str, Derived],
+                          conn: Connection | None = None, reason: str | None = None) -> None:
+        """New properties for ``task`` (derived ones evaluated now); refused, it keeps the old ones."""
+        values: dict[str, int] = {}
+        if derived:
+            results = await skb_call(self.skb.evaluate(task.app, Staged(), [(d.goal, d.var) for d in derived.values()]))
+            values = self._derived_or_refuse(derived, results, "update_task")
+        spec = build_spec(task.name, plain, values, "update_task")
+        if conn is not None:
+            self.task_refusal(conn, task.name, spec.to_dict())
+        properties = {**plain, **{k: d.to_dict() for k, d in derived.items()}}
+        await self._respec(task, spec, properties, derived, values, reason or f"task {task.name} changed")
+
+    async def _respec(self, task: Task, spec: TaskSpec, properties: dict[str, Any], derived: dict[str, Derived],
+                      values: dict[str, int], reason: str) -> None:
         async with self._alloc_lock:
             specs = [t.spec if t.name != task.name else spec for t in self.registry.tasks.values()]
             plan = await self._plan(specs)
             if plan.cores is None:
                 raise self._refusal(spec, plan)
-            old_spec, old_props = task.spec, task.properties
-            task.spec, task.properties = spec, properties
+            old = (task.spec, task.properties, task.derived, task.derived_values)
+            task.spec, task.properties, task.derived, task.derived_values = spec, properties, dict(derived), values
             try:
                 await skb_call(self.skb.replace_system_facts(f"task_property({atom(task.name)}, _, _)",
                                                              self.task_facts(task)[1:]))
             except BaseException:
-                task.spec, task.properties = old_spec, old_props
+                task.spec, task.properties, task.derived, task.derived_values = old
                 raise
             # Adopted on the epoch state as it is now, with no await in between.
             self.epochs, pub = epochs.adopt(self.epochs, plan.cores, self._now(), self.cfg.revoke_deadline_s,
-                                            f"task {task.name} changed")
+                                            reason)
             self.last_plan = plan
             await self._publish(pub)
 
@@ -414,6 +602,7 @@ class ResourceManager:
         facts = [f"other_task({o.pid}, {atom(o.comm)}, {term(list(o.cpus))})" for _, o in sorted(others.items())]
         gen = self.schedule(why)
         await self._skb_quietly(self.skb.replace_system_facts("other_task(_, _, _)", facts), "writing other_task facts")
+        self.changed(None)
         self.emit("facts_changed", {"scope": "system", "app": None, "op": "add" if added else "remove",
                                     "predicates": ["other_task"]})
         return gen
@@ -531,6 +720,8 @@ class ResourceManager:
                 if change.deadline_s is not None:
                     payload["deadline_s"] = change.deadline_s
                 self.emit("allocation_changed", payload)
+            if self.conditions.conditions:
+                self._conditions_only_soon()
             log.info("epoch %d (%s): %s", pub.epoch, pub.reason,
                      ", ".join(f"{c.task}={epochs.ranges(c.cores)}" for c in pub.changes) or "holdings changed")
         for hook in self.on_published:
@@ -600,6 +791,8 @@ class ResourceManager:
     # ---- shutdown --------------------------------------------------------------------------
     async def close(self) -> None:
         self.closing = True
+        if self._periodic_task is not None:
+            self._periodic_task.cancel()
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
         async with self._gen_changed:

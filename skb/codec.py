@@ -216,14 +216,15 @@ class Staged:
     limits: Limits = NO_LIMITS
 
 
-def evaluate(app: str, staged: Staged, queries: Iterable[tuple[str, str]], *, timeout_s: float,
+def evaluate(app: str, staged: Staged, queries: Iterable[tuple[str, str | None]], *, timeout_s: float,
              inference_limit: int | None) -> Op:
-    """Each (goal, var) query's first value of var, as the namespace would be after ``staged``."""
+    """Each (goal, var) query's first value of var (var None: every binding of the first solution),
+    as the namespace would be after ``staged``."""
     changes = [f"procedure({string(t)},{'true' if p else 'false'},{staged.limits.text()})"
                for t, p in staged.procedures]
     if staged.facts:
         changes.append(f"facts({owner_term(staged.owner)},{string_list(staged.facts)},{staged.limits.text()})")
-    qs = ",".join(f"query({string(g)},{string(v)})" for g, v in queries)
+    qs = ",".join(f"first({string(g)})" if v is None else f"query({string(g)},{string(v)})" for g, v in queries)
     opts = _query_options(False, 1, timeout_s, inference_limit)
     return Op(f"evaluate({app_atom(app)},[{','.join(changes)}],[{qs}],{opts})")
 

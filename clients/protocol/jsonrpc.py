@@ -79,13 +79,18 @@ METHODS = (
 DIRECT_METHODS = ("hello", "execute_query", "ping")
 
 # Events a client may subscribe to, and the filter keys each understands.
-EVENTS = ("allocation_changed", "task_arrived", "task_left", "facts_changed")
+EVENTS = ("allocation_changed", "task_arrived", "task_left", "facts_changed", "task_warning", "condition")
 FILTER_KEYS: dict[str, frozenset[str]] = {
     "allocation_changed": frozenset({"task", "app"}),
     "task_arrived": frozenset({"task", "app"}),
     "task_left": frozenset({"task", "app"}),
     "facts_changed": frozenset({"predicate", "app", "scope"}),
+    "task_warning": frozenset({"task", "app"}),
+    # A condition's filter is its goal, required: {"goal": "cpu_load(0, L), L > 90"}.
+    "condition": frozenset({"goal"}),
 }
+# Sent without a subscription of its own: a condition subscription the daemon ended.
+SUBSCRIPTION_DROPPED_EVENT = "subscription_dropped"
 # Sent to every connection, without a subscription, when the daemon stops.
 SHUTDOWN_EVENT = "shutdown"
 

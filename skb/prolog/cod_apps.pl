@@ -161,6 +161,7 @@ app_library(lists).
 app_library(apply).
 app_library(aggregate).
 app_library(pairs).
+app_library(clpfd).     % the paper's SKB was a CLP engine; clpfd declares itself sandbox-safe
 
 %!  register_library(+Module) is det.
 %
@@ -901,12 +902,14 @@ limited(App, Runner, Time, Inf) :-
 
 %!  evaluate(+App, +Staged, +Queries, +Options, -Results) is det.
 %
-%   Evaluate Queries (a list of query(GoalText, VarName)) in App's
+%   Evaluate Queries (a list of query(GoalText, VarName) or first(GoalText))
+%   in App's
 %   namespace as it would be after the Staged changes (a list of
 %   facts(Owner, Texts, Limits) and procedure(Text, Persistent, Limits)),
 %   without making the changes: everything happens in a snapshot/1 that is
 %   discarded.  Results has one element per query: value(V) (the binding
-%   of VarName in the first solution), none (no solution) or error(E).
+%   of VarName in the first solution) or bindings(Pairs) (for first/1: every
+%   named variable), none (no solution) or error(E).
 %   A staged change that is refused throws, as the real write would.
 evaluate(App, Staged, Queries, Options, Results) :-
     app_module(App, M),
@@ -932,6 +935,20 @@ stage(App, procedure(Text, Persistent, Limits)) :- !,
 stage(_, Change) :-
     domain_error(staged_change, Change).
 
+evaluate_one(M, Time, Inf, first(Text), Result) :- !,
+    catch(( query_goal(M, Text, Goal, Bindings),
+            visible_bindings(Bindings, Visible),
+            pairs_keys_values(Visible, Names, Vars),
+            Template =.. [v|Vars],
+            run_limited(first_solution(Template, M:Goal, Found), Time, Inf),
+            (   Found = [Solution]
+            ->  solution_pairs(Names, Solution, Pairs),
+                Result = bindings(Pairs)
+            ;   Result = none
+            )
+          ),
+          E,
+          Result = error(E)).
 evaluate_one(M, Time, Inf, query(Text, Var), Result) :-
     catch(( query_goal(M, Text, Goal, Bindings),
             atom_string(VarName, Var),

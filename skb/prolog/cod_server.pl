@@ -648,6 +648,8 @@ write_results([R|T], Out) :-
 
 write_one_result(Out, value(V)) :-
     write(Out, '{"value":'), json_write_value(Out, V), put_char(Out, '}').
+write_one_result(Out, bindings(Pairs)) :-
+    write(Out, '{"bindings":'), json_write_object(Out, Pairs), put_char(Out, '}').
 write_one_result(Out, none) :-
     write(Out, '{"none":true}').
 write_one_result(Out, error(E)) :-
