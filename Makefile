@@ -10,9 +10,11 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PACKAGES := swi-prolog-nox hwloc gcc make libc6-dev
+# libcod (clients/c): its JSON library, pkg-config for cod.pc, valgrind and clang (libFuzzer) for its tests.
+APT_PACKAGES += libjansson-dev pkg-config valgrind clang libclang-rt-dev
 PYTEST_ARGS ?=
 
-.PHONY: setup deps demo test bench clean
+.PHONY: setup deps demo test bench clean cclient
 
 setup: deps $(STAMP)
 
@@ -41,8 +43,12 @@ demo: setup
 	$(VPY) clients/python/examples/demo.py
 	$(VPY) clients/python/examples/run_demo.py
 
-test: setup
+test: setup cclient
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+# libcod, its test programs and the Listing 1 example (tests/test_cclient.py runs them).
+cclient:
+	$(MAKE) -s -C clients/c all check-progs
 
 bench: setup
 	@for b in bench/*_bench.py; do echo "== $$b"; $(VPY) $$b; done

@@ -29,6 +29,8 @@ size_t cod_reader_pending(const cod_reader *r) { return r->len - r->off; }
 
 char *cod_reader_space(cod_reader *r, size_t want, size_t *got)
 {
+    if (want == 0)
+        want = 1;
     if (r->off == r->len)
         r->off = r->len = 0;
     if (r->cap - r->len < want && r->off > 0) {
@@ -58,6 +60,8 @@ void cod_reader_wrote(cod_reader *r, size_t n) { r->len += n; }
 
 int cod_reader_feed(cod_reader *r, const void *data, size_t n)
 {
+    if (n == 0)
+        return 0;
     size_t got;
     char *p = cod_reader_space(r, n, &got);
     if (!p)
