@@ -156,7 +156,8 @@ COD_EXPORT void cod_free(cod_conn *c);           /* hangs up: the daemon drops t
 COD_EXPORT const char *cod_errstr(const cod_conn *c);           /* last error (of this thread) as a sentence */
 COD_EXPORT int cod_errcode(const cod_conn *c);                  /* its COD_E... code, 0 if none */
 COD_EXPORT long long cod_server_code(const cod_conn *c);        /* the daemon's code, 0 if the client failed */
-COD_EXPORT const cod_value *cod_server_data(const cod_conn *c); /* the error's data object, or NULL */
+COD_EXPORT const cod_value *cod_server_data(const cod_conn *c); /* the error's data object, or NULL;
+                                                                  valid until this thread's next failure on c */
 
 COD_EXPORT const char *cod_app(const cod_conn *c);              /* the application namespace the daemon gave */
 COD_EXPORT int cod_set_timeout(cod_conn *c, int timeout_ms);    /* per call; default 60000; <= 0: none */
@@ -171,7 +172,7 @@ COD_EXPORT int cod_set_reconnect(cod_conn *c, int mode, int timeout_ms);
  * 0; COD_ECONN if no daemon answered in time; COD_EREPLAY if part of the state was refused
  * (cod_errstr says what; that part is dropped from the held state). */
 COD_EXPORT int cod_reconnect(cod_conn *c);
-COD_EXPORT int cod_is_connected(const cod_conn *c);
+COD_EXPORT int cod_is_connected(const cod_conn *c); /* a hint: the daemon may have gone since */
 /* Direct query channel: when the daemon offers it in its hello, queries go straight to the
  * SKB server (one hop); everything else goes through the RM.  On by default. */
 COD_EXPORT int cod_set_direct(cod_conn *c, int enabled);

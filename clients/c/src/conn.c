@@ -1,5 +1,6 @@
-/* The connection: sockets, frames on the wire, calls and their timeouts, upcalls and their
- * queue, reconnection, and the direct query channel to the SKB. */
+/* The connection: sockets, frames on the wire, calls and their timeouts, reconnection, and
+ * the direct query channel to the SKB.  (errors.c reports errors; events.c queues upcalls
+ * and runs the event loop's side.) */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -30,7 +31,7 @@ double cod_now(void)
 }
 
 /* Milliseconds left before deadline (0: none) for poll(): -1 means wait forever. */
-static int ms_left(double deadline)
+int cod_ms_left(double deadline)
 {
     if (deadline <= 0)
         return -1;
@@ -46,197 +47,6 @@ static void sleep_s(double s)
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     while (nanosleep(&ts, &ts) && errno == EINTR)
         ;
-}
-
-/* ---- error codes ---- */
-
-int cod_error_from_server(long long code)
-{
-    switch (code) {
-    case -32700:
-    case -32600: return COD_EREQUEST;
-    case -32601: return COD_EMETHOD;
-    case -32602: return COD_EPARAMS;
-    case -32603: return COD_EINTERNAL;
-    case -32000: return COD_EHELLO;
-    case -32001: return COD_EVERSION;
-    case -32010: return COD_EPERM;
-    case -32020: return COD_ENOENT;
-    case -32021: return COD_EEXIST;
-    case -32030: return COD_EADMISSION;
-    case -32040: return COD_ESYNTAX;
-    case -32041: return COD_EUNSAFE;
-    case -32042: return COD_EQUERYTIME;
-    case -32060: return COD_ESHUTDOWN;
-    case -32070: return COD_EBUSY;
-    default: return code <= -32043 && code >= -32051 ? COD_ESKB : COD_ESERVER;
-    }
-}
-
-const char *cod_strerror(int code)
-{
-    switch (code) {
-    case COD_OK: return "no error";
-    case COD_EINVAL: return "invalid argument";
-    case COD_ENOMEM: return "out of memory";
-    case COD_ECONN: return "not connected to the daemon";
-    case COD_ETIMEOUT: return "no reply in time";
-    case COD_EPROTO: return "protocol error";
-    case COD_ETOOBIG: return "request too large";
-    case COD_ETYPE: return "value of another type";
-    case COD_ERANGE: return "value out of range";
-    case COD_EREPLAY: return "state not fully restored after reconnecting";
-    case COD_EREQUEST: return "invalid request";
-    case COD_EMETHOD: return "unknown method";
-    case COD_EPARAMS: return "invalid parameters";
-    case COD_EINTERNAL: return "internal error of the daemon";
-    case COD_EHELLO: return "hello required first";
-    case COD_EVERSION: return "unsupported protocol version";
-    case COD_EPERM: return "permission denied";
-    case COD_ENOENT: return "not found";
-    case COD_EEXIST: return "already exists";
-    case COD_EADMISSION: return "admission refused";
-    case COD_ESKB: return "knowledge base error";
-    case COD_ESYNTAX: return "syntax error";
-    case COD_EUNSAFE: return "unsafe goal";
-    case COD_EQUERYTIME: return "query time limit exceeded";
-    case COD_ESHUTDOWN: return "daemon shutting down";
-    case COD_EBUSY: return "daemon too busy";
-    case COD_ESERVER: return "error reported by the daemon";
-    default: return "unknown error";
-    }
-}
-
-/* ---- per-thread errors ---- */
-
-static cod_errrec *errrec(cod_conn *c, int create)
-{
-    pthread_t me = pthread_self();
-    for (cod_errrec *e = c->errs; e; e = e->next)
-        if (pthread_equal(e->tid, me))
-            return e;
-    if (!create)
-        return NULL;
-    cod_errrec *e = calloc(1, sizeof *e);
-    if (!e)
-        return NULL;
-    e->tid = me;
-    e->next = c->errs;
-    c->errs = e;
-    return e;
-}
-
-int cod_set_error(cod_conn *c, int code, long long server_code, json_t *data, const char *fmt, ...)
-{
-    cod_buf b = {0};
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(NULL, 0, fmt, ap);
-    va_end(ap);
-    if (n >= 0 && cod_buf_reserve(&b, (size_t)n) == 0) {
-        va_start(ap, fmt);
-        vsnprintf(b.p, (size_t)n + 1, fmt, ap);
-        va_end(ap);
-        b.len = (size_t)n;
-    }
-    pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 1);
-    if (e) {
-        free(e->msg);
-        json_decref(e->data);
-        e->code = code;
-        e->server_code = server_code;
-        e->msg = b.p;
-        e->data = data;
-        b.p = NULL;
-        data = NULL;
-    }
-    pthread_mutex_unlock(&c->mu);
-    free(b.p);
-    json_decref(data);
-    return code;
-}
-
-void cod_clear_error(cod_conn *c)
-{
-    pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 0);
-    if (e) {
-        free(e->msg);
-        json_decref(e->data);
-        e->msg = NULL;
-        e->data = NULL;
-        e->code = 0;
-        e->server_code = 0;
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-const char *cod_errstr(const cod_conn *cc)
-{
-    if (!cc)
-        return "no connection";
-    cod_conn *c = (cod_conn *)cc;
-    pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 0);
-    const char *s = e && e->msg ? e->msg : e && e->code ? cod_strerror(e->code) : "no error";
-    pthread_mutex_unlock(&c->mu);
-    return s;
-}
-
-int cod_errcode(const cod_conn *cc)
-{
-    if (!cc)
-        return COD_EINVAL;
-    cod_conn *c = (cod_conn *)cc;
-    pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 0);
-    int code = e ? e->code : 0;
-    pthread_mutex_unlock(&c->mu);
-    return code;
-}
-
-long long cod_server_code(const cod_conn *cc)
-{
-    if (!cc)
-        return 0;
-    cod_conn *c = (cod_conn *)cc;
-    pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 0);
-    long long code = e ? e->server_code : 0;
-    pthread_mutex_unlock(&c->mu);
-    return code;
-}
-
-const cod_value *cod_server_data(const cod_conn *cc)
-{
-    if (!cc)
-        return NULL;
-    cod_conn *c = (cod_conn *)cc;
-    pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 0);
-    json_t *d = e ? e->data : NULL;
-    pthread_mutex_unlock(&c->mu);
-    return (const cod_value *)d;
-}
-
-/* Why cod_connect failed, per thread (a key with a destructor: no leak when threads end). */
-static pthread_key_t connect_err_key;
-static pthread_once_t connect_err_once = PTHREAD_ONCE_INIT;
-static void connect_err_init(void) { pthread_key_create(&connect_err_key, free); }
-
-static void set_connect_error(const char *msg)
-{
-    pthread_once(&connect_err_once, connect_err_init);
-    free(pthread_getspecific(connect_err_key));
-    pthread_setspecific(connect_err_key, msg ? strdup(msg) : NULL);
-}
-
-const char *cod_connect_error(void)
-{
-    pthread_once(&connect_err_once, connect_err_init);
-    const char *s = pthread_getspecific(connect_err_key);
-    return s ? s : "no error";
 }
 
 /* ---- sockets ---- */
@@ -323,7 +133,7 @@ static int send_all(int fd, const char *p, size_t n, double deadline, int *sent)
             continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             struct pollfd pfd = {fd, POLLOUT, 0};
-            int ms = ms_left(deadline);
+            int ms = cod_ms_left(deadline);
             if (ms == 0)
                 return COD_ETIMEOUT;
             int r = poll(&pfd, 1, ms);
@@ -342,7 +152,7 @@ static int fill(cod_chan *ch, double deadline, int wait)
     for (;;) {
         if (wait) {
             struct pollfd pfd = {ch->fd, POLLIN, 0};
-            int ms = ms_left(deadline);
+            int ms = cod_ms_left(deadline);
             int r = ms == 0 ? 0 : poll(&pfd, 1, ms);
             if (r < 0 && errno == EINTR)
                 continue;
@@ -428,81 +238,9 @@ static int build_request(cod_conn *c, long long id, const char *method, const ch
     return 0;
 }
 
-/* ---- events ---- */
-
-static void signal_events(cod_conn *c)
-{
-    uint64_t one = 1;
-    ssize_t n = write(c->evfd, &one, sizeof one);
-    (void)n;
-}
-
-void cod_queue_event(cod_conn *c, int kind, int sub, const char *name, json_t *params)
-{
-    cod_qevent *e = calloc(1, sizeof *e);
-    if (!e)
-        return;
-    e->kind = kind;
-    e->sub = sub;
-    e->name = strdup(name);
-    e->params = params ? json_incref(params) : json_object();
-    if (!e->name || !e->params) {
-        free(e->name);
-        json_decref(e->params);
-        free(e);
-        return;
-    }
-    pthread_mutex_lock(&c->mu);
-    int was_empty = c->qhead == NULL;
-    if (c->qtail)
-        c->qtail->next = e;
-    else
-        c->qhead = e;
-    c->qtail = e;
-    if (was_empty)
-        signal_events(c);
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void queue_conn_event(cod_conn *c, const char *name, json_t *params)
-{
-    if (c->conn_fn)
-        cod_queue_event(c, 0, 0, name, params);
-    json_decref(params);
-}
-
-/* An upcall read from the RM: remember allocations, queue it for its handler. */
-static void on_upcall(cod_conn *c, cod_msg *m)
-{
-    const char *name = m->method;
-    json_t *params = m->params;
-    if (strcmp(name, "shutdown") == 0) {
-        queue_conn_event(c, "shutdown", json_incref(params));
-        return;
-    }
-    const char *task = json_string_value(json_object_get(params, "task"));
-    int is_alloc = strcmp(name, "allocation_changed") == 0 && task;
-    json_t *sid = json_object_get(params, "subscription");
-    cod_sub *sub = json_is_integer(sid) ? cod_sub_find_server(c, json_integer_value(sid)) : NULL;
-    cod_sub *tsub = !sub && is_alloc ? cod_sub_find_task(c, task) : NULL;
-    /* Handlers see the local subscription id (0 for a task's own upcalls). */
-    json_object_set_new(params, "subscription", json_integer(sub ? sub->id : 0));
-    if (is_alloc) {
-        pthread_mutex_lock(&c->mu);
-        json_t *old = json_object_get(c->allocs, task);
-        if (!old || json_integer_value(json_object_get(params, "epoch")) >= json_integer_value(json_object_get(old, "epoch")))
-            json_object_set(c->allocs, task, params);
-        pthread_mutex_unlock(&c->mu);
-    }
-    if (sub && sub->fn)
-        cod_queue_event(c, COD_SUB_EVENT, sub->id, name, params);
-    else if (tsub && tsub->fn)
-        cod_queue_event(c, COD_SUB_TASK, 0, name, params);
-}
-
 /* ---- losing and finding the daemon ---- */
 
-static void arm_retry(cod_conn *c, double delay)
+void cod_arm_retry(cod_conn *c, double delay)
 {
     c->retry_at = cod_now() + delay;
     struct itimerspec ts;
@@ -525,17 +263,17 @@ static void disarm_retry(cod_conn *c)
 }
 
 /* The RM connection is gone: close both channels, tell the application, plan a retry. */
-static void lose(cod_conn *c)
+void cod_lose(cod_conn *c)
 {
     if (c->lost)
         return;
     chan_close(&c->rm);
     chan_close(&c->skb);
     c->lost = 1;
-    queue_conn_event(c, "disconnected", json_object());
+    cod_queue_conn_event(c, "disconnected", json_object());
     if (c->reconnect_mode == COD_RECONNECT_AUTO) {
         c->retry_delay = 0.02;
-        arm_retry(c, 0);
+        cod_arm_retry(c, 0);
     }
 }
 
@@ -562,7 +300,7 @@ static int wait_reply(cod_conn *c, cod_chan *ch, long long id, double deadline, 
                 return 0;
             }
             if (m.kind == COD_MSG_UPCALL && ch == &c->rm)
-                on_upcall(c, &m);
+                cod_on_upcall(c, &m);
             cod_msg_release(&m); /* a late reply to a call that timed out, or a bad frame */
         }
         rc = fill(ch, deadline, 1);
@@ -647,7 +385,7 @@ static int rm_call_text(cod_conn *c, const char *method, const char *params, siz
          * the request is sent again. */
         free(why);
         why = NULL;
-        lose(c);
+        cod_lose(c);
         rc = cod_ensure_connected(c);
         if (rc)
             return rc;
@@ -655,7 +393,7 @@ static int rm_call_text(cod_conn *c, const char *method, const char *params, siz
     }
     if (rc) {
         if (rc == COD_ECONN || rc == COD_EPROTO || (rc == COD_ETIMEOUT && c->rm.fd < 0)) {
-            lose(c);
+            cod_lose(c);
         }
         rc = transport_error(c, method, rc, why);
         free(why);
@@ -856,7 +594,7 @@ int cod_reconnect_locked(cod_conn *c, int wait_ms)
             rc = cod_set_error(c, fatal ? rc : COD_ECONN, 0, NULL, "reconnecting: %s", why);
             free(why);
             if (c->reconnect_mode == COD_RECONNECT_AUTO)
-                arm_retry(c, c->retry_delay > 0 ? c->retry_delay : 0.5);
+                cod_arm_retry(c, c->retry_delay > 0 ? c->retry_delay : 0.5);
             return rc;
         }
         free(why);
@@ -868,7 +606,7 @@ int cod_reconnect_locked(cod_conn *c, int wait_ms)
     int failures = cod_state_replay(c);
     if (failures < 0)
         return failures; /* lost again during the replay */
-    queue_conn_event(c, "reconnected", json_pack("{s:i}", "replay_errors", failures));
+    cod_queue_conn_event(c, "reconnected", json_pack("{s:i}", "replay_errors", failures));
     return failures ? COD_EREPLAY : 0;
 }
 
@@ -930,7 +668,7 @@ cod_conn *cod_connect(const char *socket_path, const char *app)
 {
     cod_conn *c = conn_new(socket_path, app);
     if (!c) {
-        set_connect_error("out of memory or descriptors");
+        cod_set_connect_error("out of memory or descriptors");
         errno = errno ? errno : ENOMEM;
         return NULL;
     }
@@ -941,13 +679,13 @@ cod_conn *cod_connect(const char *socket_path, const char *app)
     pthread_mutex_unlock(&c->io);
     if (rc) {
         int err = errno;
-        set_connect_error(why);
+        cod_set_connect_error(why);
         free(why);
         cod_free(c);
         errno = err;
         return NULL;
     }
-    set_connect_error(NULL);
+    cod_set_connect_error(NULL);
     return c;
 }
 
@@ -1010,7 +748,7 @@ int cod_set_reconnect(cod_conn *c, int mode, int timeout_ms)
     c->reconnect_mode = mode;
     c->reconnect_timeout_ms = timeout_ms > 0 ? timeout_ms : 0;
     if (mode == COD_RECONNECT_AUTO && c->lost)
-        arm_retry(c, 0);
+        cod_arm_retry(c, 0);
     pthread_mutex_unlock(&c->io);
     return 0;
 }
@@ -1033,10 +771,12 @@ int cod_set_direct(cod_conn *c, int enabled)
         return COD_EINVAL;
     pthread_mutex_lock(&c->io);
     c->direct_enabled = enabled != 0;
-    if (!enabled)
+    if (!enabled) {
         chan_close(&c->skb);
-    else if (c->skb.fd < 0 && !c->lost)
+    } else if (c->skb.fd < 0 && !c->lost) {
+        c->direct_usable = 1; /* asked for: try again now */
         open_direct(c);
+    }
     pthread_mutex_unlock(&c->io);
     return 0;
 }
@@ -1057,26 +797,9 @@ cod_reply *cod_server_info(cod_conn *c)
     return cod_reply_wrap(root);
 }
 
-/* ---- event loop ---- */
-
-int cod_fd(const cod_conn *c) { return c ? c->epfd : -1; }
-
-int cod_on_connection(cod_conn *c, cod_event_fn fn, void *userdata)
-{
-    if (!c)
-        return COD_EINVAL;
-    pthread_mutex_lock(&c->io);
-    pthread_mutex_lock(&c->mu);
-    c->conn_fn = fn;
-    c->conn_ud = userdata;
-    pthread_mutex_unlock(&c->mu);
-    pthread_mutex_unlock(&c->io);
-    return 0;
-}
-
 /* Reads what the RM sent, without waiting; c->io held.  A bounded number of reads, so one
  * dispatch cannot be kept busy forever by a flood: the descriptor stays readable. */
-static int pump(cod_conn *c)
+int cod_pump(cod_conn *c)
 {
     if (c->rm.fd < 0)
         return 0;
@@ -1087,11 +810,11 @@ static int pump(cod_conn *c)
             if (rc < 0) {
                 cod_set_error(c, COD_EPROTO, 0, NULL, "%s", m.why);
                 cod_msg_release(&m);
-                lose(c);
+                cod_lose(c);
                 return COD_EPROTO;
             }
             if (m.kind == COD_MSG_UPCALL)
-                on_upcall(c, &m);
+                cod_on_upcall(c, &m);
             cod_msg_release(&m);
         }
         rc = fill(&c->rm, 0, 0);
@@ -1100,114 +823,9 @@ static int pump(cod_conn *c)
         if (rc == COD_ENOMEM)
             return cod_set_error(c, rc, 0, NULL, "reading upcalls: out of memory");
         if (rc) {
-            lose(c);
+            cod_lose(c);
             return 0;
         }
     }
     return 0;
-}
-
-/* Runs the handlers of the events queued when it starts; returns how many ran. */
-static int run_events(cod_conn *c)
-{
-    pthread_mutex_lock(&c->mu);
-    cod_qevent *list = c->qhead;
-    c->qhead = c->qtail = NULL;
-    uint64_t n;
-    ssize_t r = read(c->evfd, &n, sizeof n);
-    (void)r;
-    pthread_mutex_unlock(&c->mu);
-    int ran = 0;
-    while (list) {
-        cod_qevent *e = list;
-        list = e->next;
-        cod_event_fn fn = NULL;
-        void *ud = NULL;
-        pthread_mutex_lock(&c->mu);
-        if (e->kind == 0) {
-            fn = c->conn_fn;
-            ud = c->conn_ud;
-        } else {
-            for (cod_sub *s = c->subs; s; s = s->next) {
-                if ((e->kind == COD_SUB_EVENT && s->kind == COD_SUB_EVENT && s->id == e->sub) ||
-                    (e->kind == COD_SUB_TASK && s->kind == COD_SUB_TASK &&
-                     strcmp(s->task, json_string_value(json_object_get(e->params, "task"))) == 0)) {
-                    fn = s->fn;
-                    ud = s->ud;
-                    break;
-                }
-            }
-        }
-        pthread_mutex_unlock(&c->mu);
-        if (fn) {
-            struct cod_event ev = {e->name, e->sub, e->params};
-            fn(c, &ev, ud);
-            ran++;
-        }
-        free(e->name);
-        json_decref(e->params);
-        free(e);
-    }
-    return ran;
-}
-
-int cod_dispatch(cod_conn *c)
-{
-    if (!c)
-        return COD_EINVAL;
-    int rc = 0, lost = 0, manual = 0;
-    if (pthread_mutex_trylock(&c->io) == 0) {
-        rc = pump(c);
-        if (c->lost && c->reconnect_mode == COD_RECONNECT_AUTO) {
-            uint64_t n;
-            ssize_t r = read(c->tfd, &n, sizeof n);
-            (void)r;
-            if (cod_now() >= c->retry_at) {
-                /* One attempt; the timer brings the loop back for the next one. */
-                int keep = c->reconnect_timeout_ms;
-                c->retry_delay = c->retry_delay > 0 ? (c->retry_delay * 2 < 0.5 ? c->retry_delay * 2 : 0.5) : 0.02;
-                int r2 = cod_reconnect_locked(c, 0);
-                c->reconnect_timeout_ms = keep;
-                if (r2 && r2 != COD_EREPLAY && c->lost)
-                    arm_retry(c, c->retry_delay);
-            } else {
-                arm_retry(c, c->retry_at - cod_now());
-            }
-        }
-        lost = c->lost;
-        manual = c->reconnect_mode == COD_RECONNECT_MANUAL;
-        pthread_mutex_unlock(&c->io);
-    }
-    int ran = run_events(c);
-    if (ran)
-        return ran;
-    if (lost && manual)
-        return cod_set_error(c, COD_ECONN, 0, NULL,
-                             "the connection to the daemon at %s was lost (cod_reconnect reconnects)", c->path);
-    return rc < 0 ? rc : 0;
-}
-
-int cod_wait_event(cod_conn *c, int timeout_ms)
-{
-    if (!c)
-        return COD_EINVAL;
-    double deadline = timeout_ms >= 0 ? cod_now() + timeout_ms / 1000.0 : 0;
-    for (;;) {
-        int busy = pthread_mutex_trylock(&c->io);
-        if (busy == 0)
-            pthread_mutex_unlock(&c->io);
-        int n = cod_dispatch(c);
-        if (n != 0)
-            return n;
-        int ms = timeout_ms >= 0 ? ms_left(deadline) : -1;
-        if (timeout_ms >= 0 && ms == 0)
-            return 0;
-        /* While another thread is in a call it reads the socket: wait for the queue only. */
-        struct pollfd pfd = {busy ? c->evfd : c->epfd, POLLIN, 0};
-        int slice = busy ? 10 : ms;
-        if (ms >= 0 && slice > ms)
-            slice = ms;
-        if (poll(&pfd, 1, slice) < 0 && errno != EINTR)
-            return cod_set_error(c, COD_ECONN, 0, NULL, "cod_wait_event: poll failed: %s", strerror(errno));
-    }
 }

@@ -127,7 +127,7 @@ struct cod_conn {
     json_t *tasks;             /* name -> register_task params (properties merged with updates) */
 };
 
-/* conn.c */
+/* conn.c, errors.c */
 COD_HIDDEN int cod_set_error(cod_conn *c, int code, long long server_code, json_t *data, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 COD_HIDDEN void cod_clear_error(cod_conn *c);
@@ -138,8 +138,19 @@ COD_HIDDEN int cod_roundtrip(cod_conn *c, const char *method, json_t *params, js
 COD_HIDDEN int cod_roundtrip_query(cod_conn *c, json_t *params, json_t **reply);
 COD_HIDDEN int cod_ensure_connected(cod_conn *c);  /* caller holds io; reconnects in automatic mode */
 COD_HIDDEN int cod_reconnect_locked(cod_conn *c, int wait_ms);
-COD_HIDDEN void cod_queue_event(cod_conn *c, int kind, int sub, const char *name, json_t *params);
 COD_HIDDEN double cod_now(void);
+COD_HIDDEN int cod_ms_left(double deadline);          /* for poll(): -1 without a deadline */
+COD_HIDDEN void cod_lose(cod_conn *c);                /* the RM connection is gone */
+COD_HIDDEN void cod_arm_retry(cod_conn *c, double delay_s);
+COD_HIDDEN int cod_pump(cod_conn *c);                 /* reads what arrived, without waiting */
+
+/* events.c */
+COD_HIDDEN void cod_queue_event(cod_conn *c, int kind, int sub, const char *name, json_t *params);
+COD_HIDDEN void cod_queue_conn_event(cod_conn *c, const char *name, json_t *params); /* takes params */
+COD_HIDDEN void cod_on_upcall(cod_conn *c, cod_msg *m);
+
+/* errors.c */
+COD_HIDDEN void cod_set_connect_error(const char *msg);
 
 /* state.c: what the application holds, from every successful call, and its replay. */
 COD_HIDDEN void cod_state_note(cod_conn *c, const char *method, const json_t *params, const json_t *result);
