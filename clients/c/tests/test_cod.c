@@ -439,7 +439,7 @@ static void test_error_codes(void)
 enum peer_mode { PEER_NO_SKB, PEER_SKB_MISSING, PEER_SKB_REFUSES, PEER_SKB_OK, PEER_SKB_CLOSES };
 
 typedef struct peer {
-    char rm_path[108], skb_path[108];
+    char rm_path[4096], skb_path[4096];
     int mode;
     int rm_listen, skb_listen;
     int rm_queries, skb_queries, skb_hellos;
@@ -447,13 +447,26 @@ typedef struct peer {
     pthread_t thread;
 } peer;
 
+/* Listens on path; a path longer than sun_path is bound through /proc/self/fd. */
 static int listen_on(const char *path)
 {
     unlink(path);
     int fd = socket(AF_UNIX, SOCK_STREAM, 0);
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 8)) {
+    int dirfd = -1;
+    if (strlen(path) < sizeof sa.sun_path) {
+        snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+    } else {
+        char *dir = strdup(path);
+        *strrchr(dir, '/') = 0;
+        dirfd = open(dir, O_PATH | O_DIRECTORY);
+        free(dir);
+        snprintf(sa.sun_path, sizeof sa.sun_path, "/proc/self/fd/%d/%s", dirfd, strrchr(path, '/') + 1);
+    }
+    int rc = bind(fd, (struct sockaddr *)&sa, sizeof sa) || listen(fd, 8);
+    if (dirfd >= 0)
+        close(dirfd);
+    if (rc) {
         close(fd);
         return -1;
     }
@@ -601,15 +614,20 @@ static void *peer_main(void *arg)
     return NULL;
 }
 
-static void peer_start(peer *p, int mode, const char *dir)
+static void peer_start_named(peer *p, int mode, const char *dir, const char *name)
 {
     memset(p, 0, sizeof *p);
     p->mode = mode;
-    snprintf(p->rm_path, sizeof p->rm_path, "%s/peer-rm.sock", dir);
-    snprintf(p->skb_path, sizeof p->skb_path, "%s/peer-skb.sock", dir);
+    snprintf(p->rm_path, sizeof p->rm_path, "%s/%s-rm.sock", dir, name);
+    snprintf(p->skb_path, sizeof p->skb_path, "%s/%s-skb.sock", dir, name);
     p->rm_listen = listen_on(p->rm_path);
     p->skb_listen = listen_on(p->skb_path);
     pthread_create(&p->thread, NULL, peer_main, p);
+}
+
+static void peer_start(peer *p, int mode, const char *dir)
+{
+    peer_start_named(p, mode, dir, "peer");
 }
 
 static void peer_stop(peer *p)
@@ -681,6 +699,19 @@ static void test_direct_channel(const char *dir)
     CHECK(rc == 0 && cod_is_direct(c), "reconnects both channels: %d %s", rc, cod_errstr(c));
     cod_free(c);
     peer_stop(&p);
+    /* A socket path longer than sun_path (108 bytes): reached through /proc/self/fd. */
+    cod_buf longdir = {0};
+    cod_buf_printf(&longdir, "%s/a-directory-whose-name-is-long-enough-to-push-the-socket-path-past-the-"
+                             "hundred-and-eight-bytes-of-sun-path", dir);
+    mkdir(longdir.p, 0700);
+    peer_start(&p, PEER_SKB_OK, longdir.p);
+    c = cod_connect(p.rm_path, NULL);
+    CHECK(strlen(p.rm_path) > 108 && c && cod_is_direct(c) && strcmp(via(c), "skb") == 0, "long paths: %s",
+          c ? "" : cod_connect_error());
+    cod_free(c);
+    peer_stop(&p);
+    rmdir(longdir.p);
+    cod_buf_free(&longdir);
     /* The SKB side closes mid-query: the query is answered through the RM, and the direct
      * channel is tried again at the next reconnection. */
     peer_start(&p, PEER_SKB_CLOSES, dir);
