@@ -6,8 +6,8 @@
   (C client, asyncio echo server) is the floor.  Targets: C <= 1.25x Python while queries go
   through the RM; C <= 1.5x the echo once the direct SKB channel exists.
 * add_facts: batches of 10,000 facts, one `cod_add_facts` each (target >= 100,000 facts/s),
-  beside the Python client's `add_facts` of the same batches and the SKB engine adding them
-  alone (no socket, no RM: the floor any client can reach).
+  interleaved with the Python client's `add_facts` of the same size and the SKB engine adding
+  them alone (no socket, no RM: the floor any client can reach); the C client's own CPU time.
 * listing1: connect -> one register_task carrying Listing 1's properties, facts and cost
   function -> the first allocation upcall, C and Python medians.
 * fuzz: the reply parser's libFuzzer target over 1,000,000 inputs (no crash).
@@ -52,31 +52,31 @@ def merge(rounds: list[dict]) -> dict:
             "round_medians_us": [r["median_us"] for r in rounds]}
 
 
-def python_add_facts(sock: str, batches: int) -> dict:
-    rates = []
-    with Client.connect(sock, app="pybench_facts") as c:
-        for rep in range(batches):
-            facts = [f"pybench_fact_{rep}({i}, 12345)" for i in range(10_000)]
-            t0 = time.perf_counter()
-            c.add_facts(facts)
-            rates.append(10_000 / (time.perf_counter() - t0))
-    return {"batches": batches, "median_facts_per_s": round(statistics.median(rates))}
-
-
-def engine_add_facts(machine: str, batches: int) -> dict:
-    """The SKB engine alone adding the same batches (no socket, no RM): the daemon's floor."""
+def add_facts_side_by_side(sock: str, machine: str, batches: int) -> dict:
+    """Batches of 10,000 facts, interleaved: C through the daemon, Python through the daemon,
+    and the SKB engine adding them alone (no socket, no RM: the floor any client can reach)."""
     from cod.facts import from_args
     from cod.skb import SKB
 
-    rates = []
-    with SKB() as skb:
+    c_rates, c_cpu, py_rates, engine_rates = [], [], [], []
+    with Client.connect(sock, app="pybench_facts") as py, SKB() as skb:
         skb.load_machine(from_args(machine=machine))
         for rep in range(batches):
+            r = c_bench("add_facts", sock, 1)
+            c_rates.append(r["median_facts_per_s"])
+            c_cpu.append(r["client_cpu_ms_per_batch"])
+            facts = [f"pybench_fact_{rep}({i}, 12345)" for i in range(10_000)]
+            t0 = time.perf_counter()
+            py.add_facts(facts)
+            py_rates.append(10_000 / (time.perf_counter() - t0))
             facts = [f"engine_fact_{rep}({i}, 12345)" for i in range(10_000)]
             t0 = time.perf_counter()
             skb.add_facts("enginebench", facts)
-            rates.append(10_000 / (time.perf_counter() - t0))
-    return {"batches": batches, "median_facts_per_s": round(statistics.median(rates))}
+            engine_rates.append(10_000 / (time.perf_counter() - t0))
+    med = lambda xs: round(statistics.median(xs))  # noqa: E731
+    return {"batches": batches, "facts_per_batch": 10_000, "c_median_facts_per_s": med(c_rates),
+            "c_client_cpu_ms_per_batch": round(statistics.median(c_cpu), 2),
+            "python_median_facts_per_s": med(py_rates), "skb_engine_alone_median_facts_per_s": med(engine_rates)}
 
 
 def run_fuzz(runs: int, tmp: Path) -> dict:
@@ -127,9 +127,7 @@ def main() -> int:
             results["query_python"] = merge(py_query)
             (tmp / "py").mkdir()  # rm_bench's echo (Python socket, its own server) for reference
             results["echo_python_client"] = bench_echo(tmp / "py", 1000 if args.quick else 10_000)
-            results["add_facts_c"] = c_bench("add_facts", sock, 3 if args.quick else 10)
-            results["add_facts_python"] = python_add_facts(sock, 3 if args.quick else 10)
-            results["add_facts_skb_engine_alone"] = engine_add_facts(args.machine, 3 if args.quick else 10)
+            results["add_facts"] = add_facts_side_by_side(sock, args.machine, 3 if args.quick else 10)
             n1 = 10 if args.quick else 50
             results["listing1_c"] = c_bench("listing1", sock, n1)
             results["listing1_python"] = bench_listing1(sock, n1)
@@ -144,7 +142,7 @@ def main() -> int:
     pq = results["query_python"]["median_us"]  # type: ignore[index]
     ec = results["echo_c"]["median_us"]  # type: ignore[index]
     direct = results["query_c"]["direct_skb_channel"]  # type: ignore[index]
-    rate = results["add_facts_c"]["median_facts_per_s"]  # type: ignore[index]
+    rate = results["add_facts"]["c_median_facts_per_s"]  # type: ignore[index]
     results["ratios"] = {"query_c_over_python": round(cq / pq, 3), "query_c_over_echo": round(cq / ec, 3)}
     results["targets"] = {
         "query_c_le_1.25x_python": cq <= 1.25 * pq,

@@ -74,6 +74,34 @@ void cod_buf_free(cod_buf *b)
     b->len = b->cap = 0;
 }
 
+/* s as a JSON string literal; COD_EINVAL if it is not UTF-8. */
+int cod_buf_json_string(cod_buf *b, const char *s, size_t n)
+{
+    if (!cod_utf8_valid(s, n))
+        return COD_EINVAL;
+    if (cod_buf_reserve(b, n + 2))
+        return COD_ENOMEM;
+    b->p[b->len++] = '"';
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        int rc = 0;
+        if (ch == '"' || ch == '\\') {
+            char esc[2] = {'\\', (char)ch};
+            rc = cod_buf_append(b, esc, 2);
+        } else if (ch < 0x20) {
+            rc = cod_buf_printf(b, "\\u%04x", ch);
+        } else {
+            if (b->len + 1 >= b->cap && cod_buf_reserve(b, 1))
+                return COD_ENOMEM;
+            b->p[b->len++] = (char)ch;
+            continue;
+        }
+        if (rc)
+            return COD_ENOMEM;
+    }
+    return cod_buf_putc(b, '"') ? COD_ENOMEM : 0;
+}
+
 static int dump_cb(const char *s, size_t n, void *data) { return cod_buf_append(data, s, n) ? -1 : 0; }
 
 int cod_buf_dump_json(cod_buf *b, const json_t *v)

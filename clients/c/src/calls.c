@@ -47,39 +47,48 @@ static int call_void(cod_conn *c, const char *method, json_t *params)
 
 /* ---- facts and procedures ---- */
 
-static int add_facts_json(cod_conn *c, json_t *facts, int flags)
-{
-    json_t *params = json_pack("{s:o}", "facts", facts);
-    if (!params)
-        return oom(c, "add_facts");
-    if (flags & COD_SYSTEM)
-        json_object_set_new(params, "scope", json_string("system"));
-    if (flags & COD_PERSISTENT)
-        json_object_set_new(params, "persistent", json_true());
-    return call_void(c, "add_facts", params);
-}
-
 int cod_add_facts_flags(cod_conn *c, const char *const *facts, size_t n, int flags)
 {
     CHECK_CONN(c, COD_EINVAL);
     if (!facts && n)
         return bad_arg(c, "add_facts", "no fact array given");
-    json_t *arr = json_array();
-    if (!arr)
-        return oom(c, "add_facts");
-    for (size_t i = 0; i < n; i++) {
-        json_t *f = jstr(facts[i]);
-        if (!f) {
-            json_decref(arr);
-            return cod_set_error(c, COD_EINVAL, 0, NULL, "add_facts: fact %zu is %s", i,
-                                 facts[i] ? "not valid UTF-8" : "NULL");
+    /* The params are written as JSON text directly: a batch of 10,000 facts is the case
+     * that counts, and it needs no tree of values. */
+    cod_buf p = {0};
+    int rc = cod_buf_puts(&p, "{\"facts\":[");
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (!facts[i]) {
+            cod_buf_free(&p);
+            return cod_set_error(c, COD_EINVAL, 0, NULL, "add_facts: fact %zu is NULL", i);
         }
-        if (json_array_append_new(arr, f)) {
-            json_decref(arr);
-            return oom(c, "add_facts");
+        if (i)
+            rc = cod_buf_putc(&p, ',');
+        if (!rc)
+            rc = cod_buf_json_string(&p, facts[i], strlen(facts[i]));
+        if (rc == COD_EINVAL) {
+            cod_buf_free(&p);
+            return cod_set_error(c, COD_EINVAL, 0, NULL, "add_facts: fact %zu is not valid UTF-8", i);
         }
     }
-    return add_facts_json(c, arr, flags);
+    if (!rc)
+        rc = cod_buf_puts(&p, (flags & COD_SYSTEM) ? "],\"scope\":\"system\"" : "]");
+    if (!rc && (flags & COD_PERSISTENT))
+        rc = cod_buf_puts(&p, ",\"persistent\":true");
+    if (!rc)
+        rc = cod_buf_putc(&p, '}');
+    if (rc) {
+        cod_buf_free(&p);
+        return oom(c, "add_facts");
+    }
+    json_t *reply = NULL;
+    pthread_mutex_lock(&c->io);
+    rc = cod_roundtrip_text(c, "add_facts", p.p, p.len, &reply);
+    if (rc == 0)
+        cod_state_hold_facts(c, (flags & COD_SYSTEM) != 0, facts, n, (flags & COD_PERSISTENT) != 0);
+    pthread_mutex_unlock(&c->io);
+    json_decref(reply);
+    cod_buf_free(&p);
+    return rc;
 }
 
 int cod_add_facts(cod_conn *c, const char *const *facts, size_t n) { return cod_add_facts_flags(c, facts, n, 0); }
@@ -108,9 +117,10 @@ int cod_vadd_fact(cod_conn *c, const char *fmt, va_list ap)
     char *text = expand(c, "add_facts", fmt, ap);
     if (!text)
         return cod_errcode(c);
-    json_t *arr = json_pack("[s]", text);
+    const char *one[] = {text};
+    int rc = cod_add_facts_flags(c, one, 1, 0);
     free(text);
-    return arr ? add_facts_json(c, arr, 0) : oom(c, "add_facts");
+    return rc;
 }
 
 int cod_add_fact(cod_conn *c, const char *fmt, ...)

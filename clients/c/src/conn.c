@@ -183,33 +183,6 @@ static int fill(cod_chan *ch, double deadline, int wait)
 
 /* ---- frames out ---- */
 
-static int json_escape_to(cod_buf *b, const char *s, size_t n)
-{
-    if (!cod_utf8_valid(s, n))
-        return COD_EINVAL;
-    if (cod_buf_reserve(b, n + 2))
-        return COD_ENOMEM;
-    b->p[b->len++] = '"';
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        int rc = 0;
-        if (ch == '"' || ch == '\\') {
-            char esc[2] = {'\\', (char)ch};
-            rc = cod_buf_append(b, esc, 2);
-        } else if (ch < 0x20) {
-            rc = cod_buf_printf(b, "\\u%04x", ch);
-        } else {
-            if (b->len + 1 >= b->cap && cod_buf_reserve(b, 1))
-                return COD_ENOMEM;
-            b->p[b->len++] = (char)ch;
-            continue;
-        }
-        if (rc)
-            return COD_ENOMEM;
-    }
-    return cod_buf_putc(b, '"') ? COD_ENOMEM : 0;
-}
-
 /* The frame of one request in c->out. */
 static int build_request(cod_conn *c, long long id, const char *method, const char *params, size_t plen)
 {
@@ -220,7 +193,7 @@ static int build_request(cod_conn *c, long long id, const char *method, const ch
     o->len = 4;
     if (cod_buf_printf(o, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"method\":", id))
         return COD_ENOMEM;
-    int rc = json_escape_to(o, method, strlen(method));
+    int rc = cod_buf_json_string(o, method, strlen(method));
     if (rc)
         return rc;
     if (params && (cod_buf_puts(o, ",\"params\":") || cod_buf_append(o, params, plen)))
@@ -372,7 +345,7 @@ static int transport_error(cod_conn *c, const char *method, int rc, const char *
 }
 
 /* A call on the RM; c->io held. */
-static int rm_call_text(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply)
+int cod_roundtrip_text(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply)
 {
     int rc = cod_ensure_connected(c);
     if (rc)
@@ -416,7 +389,7 @@ int cod_roundtrip(cod_conn *c, const char *method, json_t *params, json_t **repl
         return cod_set_error(c, COD_ENOMEM, 0, NULL, "%s: out of memory", method);
     }
     json_decref(params);
-    int rc = rm_call_text(c, method, p.p, p.len, reply);
+    int rc = cod_roundtrip_text(c, method, p.p, p.len, reply);
     cod_buf_free(&p);
     return rc;
 }
@@ -461,7 +434,7 @@ int cod_roundtrip_query(cod_conn *c, json_t *params, json_t **reply)
         chan_close(&c->skb);
         c->direct_usable = 0;
     }
-    rc = rm_call_text(c, "execute_query", p.p, p.len, reply);
+    rc = cod_roundtrip_text(c, "execute_query", p.p, p.len, reply);
     cod_buf_free(&p);
     return rc;
 }

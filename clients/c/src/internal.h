@@ -26,6 +26,7 @@ COD_HIDDEN int cod_buf_printf(cod_buf *b, const char *fmt, ...) __attribute__((f
 COD_HIDDEN char *cod_buf_take(cod_buf *b);                      /* NUL-terminated; the buffer is emptied */
 COD_HIDDEN void cod_buf_free(cod_buf *b);
 COD_HIDDEN int cod_buf_dump_json(cod_buf *b, const json_t *v);   /* compact JSON appended */
+COD_HIDDEN int cod_buf_json_string(cod_buf *b, const char *s, size_t n); /* a JSON string; COD_EINVAL if not UTF-8 */
 
 /* ---- Prolog text (prolog.c) ---- */
 COD_HIDDEN int cod_utf8_valid(const char *s, size_t n);
@@ -135,6 +136,7 @@ COD_HIDDEN void cod_clear_error(cod_conn *c);
  * "result"), or a negative code with the error recorded.  Takes params (may be NULL).
  * Caller holds c->io. */
 COD_HIDDEN int cod_roundtrip(cod_conn *c, const char *method, json_t *params, json_t **reply);
+COD_HIDDEN int cod_roundtrip_text(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply);
 COD_HIDDEN int cod_roundtrip_query(cod_conn *c, json_t *params, json_t **reply);
 COD_HIDDEN int cod_ensure_connected(cod_conn *c);  /* caller holds io; reconnects in automatic mode */
 COD_HIDDEN int cod_reconnect_locked(cod_conn *c, int wait_ms);
@@ -154,6 +156,7 @@ COD_HIDDEN void cod_set_connect_error(const char *msg);
 
 /* state.c: what the application holds, from every successful call, and its replay. */
 COD_HIDDEN void cod_state_note(cod_conn *c, const char *method, const json_t *params, const json_t *result);
+COD_HIDDEN void cod_state_hold_facts(cod_conn *c, int scope, const char *const *facts, size_t n, int persistent);
 COD_HIDDEN int cod_state_replay(cod_conn *c);      /* caller holds io, connection fresh */
 COD_HIDDEN void cod_state_free(cod_conn *c);
 COD_HIDDEN cod_sub *cod_sub_find_server(cod_conn *c, long long server_id);

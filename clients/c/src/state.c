@@ -65,14 +65,27 @@ static int scope_of(const json_t *params)
     return scope && strcmp(scope, "system") == 0;
 }
 
+/* Held once each, in the order first added; persistent once added as persistent. */
+void cod_state_hold_facts(cod_conn *c, int scope, const char *const *facts, size_t n, int persistent)
+{
+    json_t *held = c->facts[scope];
+    for (size_t i = 0; i < n; i++) {
+        json_t *old = json_object_get(held, facts[i]);
+        if (!old)
+            json_object_set_new_nocheck(held, facts[i], json_boolean(persistent));
+        else if (persistent && !json_is_true(old))
+            json_object_set_new_nocheck(held, facts[i], json_true());
+    }
+}
+
 static void hold_facts(cod_conn *c, int scope, const json_t *facts, int persistent)
 {
     size_t i;
     json_t *f;
     json_array_foreach(facts, i, f) {
         const char *text = json_string_value(f);
-        if (text && !json_object_get(c->facts[scope], text))
-            json_object_set_new(c->facts[scope], text, json_boolean(persistent));
+        if (text)
+            cod_state_hold_facts(c, scope, &text, 1, persistent);
     }
 }
 
