@@ -63,8 +63,10 @@ static int bench_query(const char *path, size_t n)
         fprintf(stderr, "cod_bench: %s\n", cod_errstr(c));
         return 1;
     }
-    double *t = malloc(n * sizeof *t);
+    double *t = malloc(n * sizeof *t), cpu0 = 0;
     for (size_t i = 0; i < n + 200; i++) {
+        if (i == 200)
+            cpu0 = cpu_s();
         double t0 = now_s();
         cod_reply *r = cod_query_goal(c, "bench_fact(X)", NULL);
         double dt = now_s() - t0;
@@ -77,8 +79,9 @@ static int bench_query(const char *path, size_t n)
         if (i >= 200)
             t[i - 200] = dt;
     }
-    char extra[64];
-    snprintf(extra, sizeof extra, ", \"direct\": %s", cod_is_direct(c) ? "true" : "false");
+    char extra[128];
+    snprintf(extra, sizeof extra, ", \"direct\": %s, \"client_cpu_us_per_call\": %.2f",
+             cod_is_direct(c) ? "true" : "false", (cpu_s() - cpu0) / (double)n * 1e6);
     summary_us("c_query", t, n, extra);
     free(t);
     cod_free(c);

@@ -185,12 +185,41 @@ int cod_add_procedure(cod_conn *c, const char *text) { return cod_add_procedure_
 
 /* ---- queries ---- */
 
-static cod_reply *query_params(cod_conn *c, json_t *params)
+/* The params of execute_query are written as JSON text directly: this is the hot path. */
+cod_reply *cod_query_goal(cod_conn *c, const char *goal, const cod_query_opts *opts)
 {
+    CHECK_CONN(c, NULL);
+    if (!goal) {
+        bad_arg(c, "execute_query", "no goal given");
+        return NULL;
+    }
+    cod_buf p = {0};
+    int rc = cod_buf_puts(&p, "{\"goal\":");
+    if (!rc)
+        rc = cod_buf_json_string(&p, goal, strlen(goal));
+    if (rc == COD_EINVAL) {
+        cod_buf_free(&p);
+        bad_arg(c, "execute_query", "the goal is not valid UTF-8");
+        return NULL;
+    }
+    if (!rc && opts && opts->first_only)
+        rc = cod_buf_puts(&p, ",\"all_solutions\":false");
+    if (!rc && opts && opts->max_solutions > 0)
+        rc = cod_buf_printf(&p, ",\"max_solutions\":%d", opts->max_solutions);
+    if (!rc && opts && opts->timeout_s > 0)
+        rc = cod_buf_printf(&p, ",\"timeout_s\":%.17g", opts->timeout_s);
+    if (!rc)
+        rc = cod_buf_putc(&p, '}');
+    if (rc) {
+        cod_buf_free(&p);
+        oom(c, "execute_query");
+        return NULL;
+    }
     json_t *reply = NULL;
     pthread_mutex_lock(&c->io);
-    int rc = cod_roundtrip_query(c, params, &reply);
+    rc = cod_roundtrip_query_text(c, p.p, p.len, &reply);
     pthread_mutex_unlock(&c->io);
+    cod_buf_free(&p);
     if (rc)
         return NULL;
     if (!json_is_array(json_object_get(json_object_get(reply, "result"), "solutions"))) {
@@ -202,30 +231,6 @@ static cod_reply *query_params(cod_conn *c, json_t *params)
     if (!r)
         oom(c, "execute_query");
     return r;
-}
-
-cod_reply *cod_query_goal(cod_conn *c, const char *goal, const cod_query_opts *opts)
-{
-    CHECK_CONN(c, NULL);
-    json_t *g = jstr(goal);
-    if (!g) {
-        bad_arg(c, "execute_query", goal ? "the goal is not valid UTF-8" : "no goal given");
-        return NULL;
-    }
-    json_t *params = json_pack("{s:o}", "goal", g);
-    if (!params) {
-        oom(c, "execute_query");
-        return NULL;
-    }
-    if (opts) {
-        if (opts->first_only)
-            json_object_set_new(params, "all_solutions", json_false());
-        if (opts->max_solutions > 0)
-            json_object_set_new(params, "max_solutions", json_integer(opts->max_solutions));
-        if (opts->timeout_s > 0)
-            json_object_set_new(params, "timeout_s", json_real(opts->timeout_s));
-    }
-    return query_params(c, params);
 }
 
 cod_reply *cod_vquery(cod_conn *c, const char *fmt, va_list ap)

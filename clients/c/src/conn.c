@@ -395,24 +395,16 @@ int cod_roundtrip(cod_conn *c, const char *method, json_t *params, json_t **repl
 }
 
 /* A query: on the direct channel when there is one, else (or when it fails) through the RM. */
-int cod_roundtrip_query(cod_conn *c, json_t *params, json_t **reply)
+int cod_roundtrip_query_text(cod_conn *c, const char *params, size_t plen, json_t **reply)
 {
-    cod_buf p = {0};
     *reply = NULL;
-    if (cod_buf_dump_json(&p, params)) {
-        json_decref(params);
-        return cod_set_error(c, COD_ENOMEM, 0, NULL, "execute_query: out of memory");
-    }
-    json_decref(params);
     int rc = cod_ensure_connected(c);
-    if (rc) {
-        cod_buf_free(&p);
+    if (rc)
         return rc;
-    }
     if (c->skb.fd >= 0) {
         char *why = NULL;
         int sent;
-        rc = exchange(c, &c->skb, "execute_query", p.p, p.len, reply, &why, &sent);
+        rc = exchange(c, &c->skb, "execute_query", params, plen, reply, &why, &sent);
         free(why);
         if (rc == 0) {
             json_t *err = json_object_get(*reply, "error");
@@ -422,19 +414,27 @@ int cod_roundtrip_query(cod_conn *c, json_t *params, json_t **reply)
                     json_decref(*reply);
                     *reply = NULL;
                 }
-                cod_buf_free(&p);
                 return rc;
             }
             json_decref(*reply); /* the capability was refused: use the RM until reconnecting */
             *reply = NULL;
         } else if (rc == COD_ETIMEOUT && c->skb.fd >= 0) {
-            cod_buf_free(&p);
             return transport_error(c, "execute_query", rc, NULL);
         }
         chan_close(&c->skb);
         c->direct_usable = 0;
     }
-    rc = cod_roundtrip_text(c, "execute_query", p.p, p.len, reply);
+    return cod_roundtrip_text(c, "execute_query", params, plen, reply);
+}
+
+int cod_roundtrip_query(cod_conn *c, json_t *params, json_t **reply)
+{
+    cod_buf p = {0};
+    *reply = NULL;
+    int rc = cod_buf_dump_json(&p, params);
+    json_decref(params);
+    rc = rc ? cod_set_error(c, COD_ENOMEM, 0, NULL, "execute_query: out of memory")
+            : cod_roundtrip_query_text(c, p.p, p.len, reply);
     cod_buf_free(&p);
     return rc;
 }

@@ -138,6 +138,7 @@ COD_HIDDEN void cod_clear_error(cod_conn *c);
 COD_HIDDEN int cod_roundtrip(cod_conn *c, const char *method, json_t *params, json_t **reply);
 COD_HIDDEN int cod_roundtrip_text(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply);
 COD_HIDDEN int cod_roundtrip_query(cod_conn *c, json_t *params, json_t **reply);
+COD_HIDDEN int cod_roundtrip_query_text(cod_conn *c, const char *params, size_t plen, json_t **reply);
 COD_HIDDEN int cod_ensure_connected(cod_conn *c);  /* caller holds io; reconnects in automatic mode */
 COD_HIDDEN int cod_reconnect_locked(cod_conn *c, int wait_ms);
 COD_HIDDEN double cod_now(void);
