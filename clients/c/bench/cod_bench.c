@@ -2,7 +2,10 @@
  *
  *   cod_bench query SOCKET N       execute_query of one fact, N round trips (after 200 warm-up)
  *   cod_bench echo SOCKET N        the same request frame to a framed echo server (the floor)
- *   cod_bench add_facts SOCKET K   K batches of 10,000 facts, one cod_add_facts each
+ *   cod_bench add_facts SOCKET K   K batches of 10,000 facts, one cod_add_facts each; with K = 0,
+ *                                  one batch per line read from stdin, one JSON line each (so
+ *                                  that a caller can interleave them with its own, on one
+ *                                  connection)
  *   cod_bench listing1 SOCKET N    connect -> one register_task with Listing 1's properties,
  *                                  facts and cost function -> its first allocation upcall
  */
@@ -135,8 +138,15 @@ static int bench_add_facts(const char *path, size_t k)
     char **facts = malloc(N * sizeof *facts);
     for (size_t i = 0; i < N; i++)
         facts[i] = malloc(64);
+    int serve = k == 0;
+    if (serve)
+        k = 1;
     double *rate = malloc(k * sizeof *rate), *cpu = malloc(k * sizeof *cpu);
-    for (size_t rep = 0; rep < k; rep++) {
+    char line[64];
+    for (size_t rep = 0; serve || rep < k; rep++) {
+        if (serve && !fgets(line, sizeof line, stdin))
+            break;
+        size_t slot = serve ? 0 : rep;
         for (size_t i = 0; i < N; i++)
             snprintf(facts[i], 64, "bench_fact_%d_%zu(%zu, 12345)", (int)getpid(), rep, i);
         double c0 = cpu_s(), t0 = now_s();
@@ -144,8 +154,21 @@ static int bench_add_facts(const char *path, size_t k)
             fprintf(stderr, "cod_bench: %s\n", cod_errstr(c));
             return 1;
         }
-        rate[rep] = N / (now_s() - t0);
-        cpu[rep] = (cpu_s() - c0) * 1e3;
+        rate[slot] = N / (now_s() - t0);
+        cpu[slot] = (cpu_s() - c0) * 1e3;
+        if (serve) {
+            printf("{\"facts_per_s\": %.0f, \"client_cpu_ms\": %.2f}\n", rate[0], cpu[0]);
+            fflush(stdout);
+        }
+    }
+    if (serve) {
+        free(rate);
+        free(cpu);
+        for (size_t i = 0; i < N; i++)
+            free(facts[i]);
+        free(facts);
+        cod_free(c);
+        return 0;
     }
     qsort(rate, k, sizeof *rate, cmp_double);
     qsort(cpu, k, sizeof *cpu, cmp_double);
@@ -211,7 +234,7 @@ int main(int argc, char **argv)
         return 2;
     }
     size_t n = (size_t)strtoul(argv[3], NULL, 10);
-    if (n == 0)
+    if (n == 0 && strcmp(argv[1], "add_facts") != 0)
         return 2;
     if (strcmp(argv[1], "query") == 0)
         return bench_query(argv[2], n);
