@@ -283,7 +283,9 @@ typedef struct cod_allocation {
     double deadline_s;          /* upcalls with removed CPUs; else -1 */
     char *reason;               /* upcalls: why the allocation changed; else NULL */
 } cod_allocation;
-COD_EXPORT void cod_allocation_clear(cod_allocation *a); /* frees the members and zeroes a */
+/* Calls filling a cod_allocation want it zeroed (cod_allocation a = {0};) or holding an earlier
+ * result, which they free first; cod_allocation_clear frees the members and zeroes it. */
+COD_EXPORT void cod_allocation_clear(cod_allocation *a);
 
 /* A task description for cod_register_task, or the changes for cod_update_task. */
 typedef struct cod_task cod_task;
