@@ -12,9 +12,11 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := swi-prolog-nox hwloc gcc make libc6-dev
 # Elastic cores (issue 16): a real PostgreSQL for its smoke test and benchmark.
 APT_PACKAGES += postgresql
+# libcod (clients/c): its JSON library, pkg-config for cod.pc, valgrind and clang (libFuzzer) for its tests.
+APT_PACKAGES += libjansson-dev pkg-config valgrind clang libclang-rt-dev
 PYTEST_ARGS ?=
 
-.PHONY: setup deps demo test bench clean
+.PHONY: setup deps demo test bench clean cclient
 
 setup: deps $(STAMP)
 
@@ -43,8 +45,12 @@ demo: setup
 	$(VPY) clients/python/examples/demo.py
 	$(VPY) clients/python/examples/run_demo.py
 
-test: setup
+test: setup cclient
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+# libcod, its test programs and the Listing 1 example (tests/test_cclient.py runs them).
+cclient:
+	$(MAKE) -s -C clients/c all check-progs
 
 bench: setup
 	$(VPY) -m pip install -q -e '.[bench]'
