@@ -96,18 +96,24 @@ json_write_elements([H|T], S, D) :-
 
 %!  answer_size_within(+Solutions, +MaxBytes) is det.
 %
-%   Check, before anything is written, that the text of Solutions stays
-%   within MaxBytes (an estimate that never undercounts the text of atoms,
-%   strings and numbers): writing a 100 MB answer only to refuse it would
-%   hold its thread for seconds.
+%   Check, before anything is written, that the text of Solutions is not
+%   far over MaxBytes (an estimate within a factor of two, that never
+%   undercounts the text of atoms, strings and numbers): writing a 100 MB
+%   answer only to refuse it would hold its thread for seconds.  The exact
+%   size is checked once it is written.
 %   @error resource_error(cod_reply(Estimate, MaxBytes))
 answer_size_within(Solutions, Max) :-
-    catch(foldl(term_text_size(Max), Solutions, 0, _), cod_over(Size),
+    Bound is 2 * Max,
+    catch(foldl(term_text_size(Bound), Solutions, 0, _), cod_over(Size),
           throw(error(resource_error(cod_reply(Size, Max)), _))).
 
 term_text_size(Max, T, N0, N) :-
     (   var(T) -> N1 is N0 + 4
     ;   atomic(T) -> text_size(T, L), N1 is N0 + L + 2
+    ;   T = [H|Tail]                         % a list cell is one comma in JSON
+    ->  term_text_size(Max, H, N0, N2),
+        term_text_size(Max, Tail, N2, N3),
+        N1 is N3 + 1
     ;   compound(T)
     ->  compound_name_arity(T, Name, Arity),
         atom_length(Name, L),

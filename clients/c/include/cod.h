@@ -87,20 +87,23 @@ enum cod_error {
     COD_EREQUEST = -20,      /* -32700, -32600: the daemon could not read the request */
     COD_EMETHOD = -21,       /* -32601: unknown method */
     COD_EPARAMS = -22,       /* -32602: a missing, mistyped or unknown parameter, a bad property */
-    COD_EINTERNAL = -23,     /* -32603: a daemon bug, or an answer larger than its frame limit */
+    COD_EINTERNAL = -23,     /* -32603: a daemon bug */
     COD_EHELLO = -24,        /* -32000: hello required first */
     COD_EVERSION = -25,      /* -32001: the daemon does not speak this protocol version */
     COD_EPERM = -26,         /* -32010: permission denied */
     COD_ENOENT = -27,        /* -32020: no such task, process or subscription */
     COD_EEXIST = -28,        /* -32021: a task of that name exists */
     COD_EADMISSION = -29,    /* -32030: admission refused (cod_server_data: requested, free, reason) */
-    COD_ESKB = -30,          /* -32043..-32051: another error of the knowledge base (data.skb_code) */
+    COD_ESKB = -30,          /* -32043..-32051: another error of the knowledge base (data.skb_code), e.g. an
+                                answer larger than the frame limit (-32043, "too large") */
     COD_ESYNTAX = -31,       /* -32040: syntax error in a fact, procedure or goal */
     COD_EUNSAFE = -32,       /* -32041: the goal calls something the sandbox refuses */
     COD_EQUERYTIME = -33,    /* -32042: the query ran past its time limit */
     COD_ESHUTDOWN = -34,     /* -32060: the daemon is shutting down */
     COD_EBUSY = -35,         /* -32070: the daemon is too busy */
-    COD_ESERVER = -36        /* any other code the daemon sends (e.g. new ones in -32000..-32099) */
+    COD_ESERVER = -36,       /* any other code the daemon sends (e.g. new ones in -32000..-32099) */
+    COD_EQUOTA = -37,        /* -32031, -32052: over a quota (facts, procedures, subscriptions) */
+    COD_ESLOW = -38          /* -32071: this client was too slow (no hello, a frame not completed in time) */
 };
 
 /* The name of a COD_E... code as a short phrase ("connection lost", ...). */

@@ -27,6 +27,9 @@ int cod_error_from_server(long long code)
     case -32042: return COD_EQUERYTIME;
     case -32060: return COD_ESHUTDOWN;
     case -32070: return COD_EBUSY;
+    case -32031:
+    case -32052: return COD_EQUOTA;
+    case -32071: return COD_ESLOW;
     default: return code <= -32043 && code >= -32051 ? COD_ESKB : COD_ESERVER;
     }
 }
@@ -61,6 +64,8 @@ const char *cod_strerror(int code)
     case COD_ESHUTDOWN: return "daemon shutting down";
     case COD_EBUSY: return "daemon too busy";
     case COD_ESERVER: return "error reported by the daemon";
+    case COD_EQUOTA: return "quota exceeded";
+    case COD_ESLOW: return "too slow for the daemon";
     default: return "unknown error";
     }
 }
