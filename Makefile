@@ -10,6 +10,8 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PACKAGES := swi-prolog-nox hwloc gcc make libc6-dev
+# The C helpers' leak checks (tests/test_deploy_c.py).
+APT_PACKAGES += valgrind
 PYTEST_ARGS ?=
 
 .PHONY: setup deps demo test bench clean

@@ -123,16 +123,18 @@ def run(args: argparse.Namespace) -> int:
         unavailable = tuple(parse_cpulist(args.unavailable)) if args.unavailable else ()
     except ValueError as err:
         raise UserError(f"--unavailable: {err}") from None
+    source = "override"
     if args.node_bandwidth:
         node_bw = parse_node_bandwidth(args.node_bandwidth, machine)
     elif args.machine is None and args.hwloc is None and args.sysfs_root is None:
-        node_bw = bandwidth_from_rm(args.socket)
+        node_bw, source = bandwidth_from_rm(args.socket), "rm"
     else:
         node_bw = {}
     try:
         options = Options(capacity=args.capacity, exact=not args.no_exact, balance=not args.no_balance,
                           time_limit_s=args.time_limit, link_distance=args.link_distance,
-                          unavailable=unavailable, node_bandwidth=node_bw or None)
+                          unavailable=unavailable, node_bandwidth=node_bw or None,
+                          node_bandwidth_source=source)
         plan = deploy(graph, machine, options)
     except InfeasibleError as err:
         raise UserError(str(err), INFEASIBLE_STATUS) from None

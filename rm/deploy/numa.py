@@ -26,11 +26,12 @@ class NodeSlots:
     id: int
     cpus: tuple[int, ...]  # slots, in the order clusters take them
     bandwidth: int | None  # bytes/s; None = unknown (not a constraint)
-    bandwidth_source: str  # "machine" | "override" | "unknown"
+    bandwidth_source: str  # "machine" | "override" | "rm" | "unknown"
 
 
 def node_slots(machine: Machine, usable_cpus: Iterable[int], *, use_smt: bool = False,
-               bandwidth_override: dict[int, int] | None = None) -> list[NodeSlots]:
+               bandwidth_override: dict[int, int] | None = None,
+               override_source: str = "override") -> list[NodeSlots]:
     """The usable slots of each NUMA node that has any (nodes in id order)."""
     usable = set(usable_cpus)
     override = bandwidth_override or {}
@@ -54,7 +55,7 @@ def node_slots(machine: Machine, usable_cpus: Iterable[int], *, use_smt: bool = 
         if not slots:
             continue
         if node.id in override:
-            bw, src = override[node.id], "override"
+            bw, src = override[node.id], override_source
         elif node.bandwidth_bytes_per_s is not None:
             bw, src = node.bandwidth_bytes_per_s, "machine"
         else:

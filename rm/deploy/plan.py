@@ -49,6 +49,7 @@ class Options:
     link_distance: int | None = None  # phase 4: SLIT distance of one hop (None: the smallest remote)
     unavailable: tuple[int, ...] = ()  # CPUs not to use
     node_bandwidth: dict[int, int] | None = None  # bytes/s per node, overriding the machine's
+    node_bandwidth_source: str = "override"  # what to call it in the output ("rm": the SKB's facts)
 
     def __post_init__(self) -> None:
         if not isinstance(self.capacity, (int, float)) or not 0 < self.capacity <= 1:
@@ -349,10 +350,12 @@ def _place(clusters: list[Cluster], machine: Machine, usable: set[int], options:
     notes: list[str] = []
     warnings: list[str] = []
     n = len(clusters)
-    slots = node_slots(machine, usable, bandwidth_override=options.node_bandwidth)
+    slots = node_slots(machine, usable, bandwidth_override=options.node_bandwidth,
+                       override_source=options.node_bandwidth_source)
     total = sum(len(s.cpus) for s in slots)
     if total < n:
-        smt = node_slots(machine, usable, use_smt=True, bandwidth_override=options.node_bandwidth)
+        smt = node_slots(machine, usable, use_smt=True, bandwidth_override=options.node_bandwidth,
+                         override_source=options.node_bandwidth_source)
         if sum(len(s.cpus) for s in smt) >= n:
             warnings.append(f"only {total} usable cores for {n} clusters: SMT siblings used as well")
             slots, total = smt, sum(len(s.cpus) for s in smt)
