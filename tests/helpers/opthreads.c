@@ -6,8 +6,9 @@
  * that, every PERIOD_MS, is handed DUTY x PERIOD_MS worth of work and sleeps
  * until the next period once it is done (an always-on operator fed at a fixed
  * rate).  A thread that falls behind catches up without sleeping, so when its
- * core keeps up its throughput is exactly the offered load and its CPU use is
- * DUTY of a core.  UNITS_PER_MS is the work rate of one core in units per
+ * core keeps up its throughput is the offered load and its CPU use is DUTY of a
+ * core; work not finished by the end is not counted, so a core that does not
+ * keep up shows as lower throughput (and longer latency: release to completion).  UNITS_PER_MS is the work rate of one core in units per
  * millisecond of CPU time; 0 calibrates it first (on thread CPU time, so other
  * load does not skew it).
  *
@@ -120,7 +121,9 @@ static void *run(void *arg) {
     struct timespec next = t_start, now;
     for (;;) {
         clock_gettime(CLOCK_MONOTONIC, &now);
-        if (!before(&next, &t_end)) break; /* no period released after the end */
+        /* Stop at the end: no period released after it, and work still owed then is
+         * not done (a thread that fell behind shows it as lower throughput). */
+        if (!before(&next, &t_end) || !before(&now, &t_end)) break;
         if (before(&now, &next)) {
             while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL) == EINTR) {
             }
@@ -128,9 +131,10 @@ static void *run(void *arg) {
             op->late++;
         }
         work(op->units_per_period);
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (!before(&now, &t_end)) break; /* finished after the end: not counted */
         op->units += op->units_per_period;
         op->periods++;
-        clock_gettime(CLOCK_MONOTONIC, &now);
         if (op->n_latency < op->cap_latency)
             op->latency_ms[op->n_latency++] = (ts_s(&now) - ts_s(&next)) * 1e3;
         add_ns(&next, period_ns);

@@ -25,6 +25,9 @@ from ..plan import comm_key
 from . import perf
 from .procfs import ProfileError, ThreadSample, detect_source, sample_process, start_time
 
+# A thread runnable but not running for more than this share of the window was starved.
+CONTENDED_WAIT = 0.10
+
 
 @dataclass
 class Window:
@@ -138,6 +141,14 @@ def to_graph(w: Window, template: dict[str, Any] | None = None,
                     if [x, y] not in edges:
                         edges.append([x, y])
     gone = sorted(set(w.before) - set(w.after))
+    warnings = []
+    waits = [op["runqueue_wait"] for op in operators if "runqueue_wait" in op]
+    busy = [op for op in operators if op.get("runqueue_wait", 0) > CONTENDED_WAIT]
+    if busy:
+        warnings.append(
+            f"{len(busy)} thread(s) waited for a CPU more than {CONTENDED_WAIT:.0%} of the window "
+            f"(up to {max(waits):.0%}): the machine was contended, so cpu_util may understate what "
+            "they need; profile on an idle machine, or with the threads pinned one per core, as the paper does")
     return {
         "operators": operators,
         "edges": edges,
@@ -151,5 +162,6 @@ def to_graph(w: Window, template: dict[str, Any] | None = None,
             "threads": len(operators),
             "exited_during_window": gone,
             "template_operators_not_running": sorted(set(tmpl_ops) - set(from_template)),
+            "warnings": warnings,
         },
     }
