@@ -106,8 +106,17 @@ def test_profile_errors(capsys):
     assert "--threads: not a regular expression" in capsys.readouterr().err
 
 
+def deploy_plan_usage(socket: Path) -> dict:
+    g = json.dumps({"operators": [{"id": "a", "cpu_util": 0.5, "mem_bw": 1e9}]})
+    plan = subprocess.run([*COD, "deploy-plan", "--graph", "-", "--format", "json", "--socket", str(socket)],
+                          input=g, capture_output=True, text=True, timeout=60)
+    assert plan.returncode == 0, plan.stderr
+    [usage] = json.loads(plan.stdout)["numa_nodes"]["usage"]
+    return usage
+
+
 def test_bandwidth_is_stored_in_a_running_rm_and_read_by_deploy_plan(tmp_path):
-    daemon = start_daemon(tmp_path, "--machine", "magnycours")
+    daemon = start_daemon(tmp_path, "--no-enforce", "--no-busy-detect", "--state-dir", str(tmp_path / "state"))
     try:
         # A short run whose figure is only checked to be stored: no bench lock needed.
         run = subprocess.run([*COD, "bandwidth", "--socket", str(daemon.path), "--size-mib", "4",
@@ -115,23 +124,31 @@ def test_bandwidth_is_stored_in_a_running_rm_and_read_by_deploy_plan(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert run.returncode == 0, run.stderr
         out = json.loads(run.stdout)
-        [node] = out["nodes"]  # this machine's one node (every node with a usable CPU)
-        assert node["checked"] and node["bandwidth_bytes_per_s"] > 0
+        assert out["nodes"] and all(n["checked"] and n["bandwidth_bytes_per_s"] > 0 for n in out["nodes"])
         assert out["stored"].startswith("stored as system facts"), out["stored"]
         with Client(str(daemon.path), reconnect=False) as c:
-            rows = c.execute_query("numa_bandwidth(N, B)")
-        got = {r["N"]: r["B"] for r in rows}
-        assert got[node["node"]] == int(node["bandwidth_bytes_per_s"])  # replaced, not added
-        assert len(rows) == 8 and got[7] == 12_500_000_000  # the other nodes keep their defaults
-        g = json.dumps({"operators": [{"id": "a", "cpu_util": 0.5, "mem_bw": 1e9}]})
-        plan = subprocess.run([*COD, "deploy-plan", "--graph", "-", "--format", "json", "--socket",
-                               str(daemon.path)], input=g, capture_output=True, text=True, timeout=60)
-        assert plan.returncode == 0, plan.stderr
-        [usage] = json.loads(plan.stdout)["numa_nodes"]["usage"]
-        assert usage["bandwidth_source"] == "rm"
-        assert usage["bandwidth"] == got[usage["node"]]
+            got = {r["N"]: r["B"] for r in c.execute_query("numa_bandwidth(N, B)")}
+        assert got == {n["node"]: int(n["bandwidth_bytes_per_s"]) for n in out["nodes"]}
+        # Measuring again replaces the fact rather than adding a second one.
+        again = subprocess.run([*COD, "bandwidth", "--socket", str(daemon.path), "--size-mib", "4",
+                                "--iterations", "2"], capture_output=True, text=True, timeout=120)
+        assert again.returncode == 0, again.stderr
+        with Client(str(daemon.path), reconnect=False) as c:
+            assert len(c.execute_query("numa_bandwidth(N, B)")) == len(out["nodes"])
+            got = {r["N"]: r["B"] for r in c.execute_query("numa_bandwidth(N, B)")}
+        usage = deploy_plan_usage(daemon.path)
+        assert usage["bandwidth_source"] == "rm" and usage["bandwidth"] == got[usage["node"]]
     finally:
         daemon.stop()
+
+
+def test_deploy_plan_ignores_a_daemon_planning_for_another_machine(tmp_path):
+    daemon = start_daemon(tmp_path, "--machine", "magnycours")  # it has numa_bandwidth facts of its own
+    try:
+        usage = deploy_plan_usage(daemon.path)
+    finally:
+        daemon.stop()
+    assert usage["bandwidth_source"] == "unknown"
 
 
 def test_bandwidth_without_a_daemon_just_prints(tmp_path):

@@ -96,18 +96,19 @@ def parse_node_bandwidth(text: str, machine: Machine) -> dict[int, int]:
     return out
 
 
-def bandwidth_from_rm(socket: str | None) -> dict[int, int]:
-    """numa_bandwidth/2 facts of a running RM; {} when none answers."""
-    try:
-        from cod.client import CODError, Client
-    except ImportError:  # pragma: no cover - the client ships with the package
-        return {}
+def bandwidth_from_rm(socket: str | None, machine: Machine) -> dict[int, int]:
+    """numa_bandwidth/2 facts of a running RM about this same machine; {} when none answers."""
+    from cod.client import CODError, Client
+
     try:
         with Client(socket, reconnect=False, call_timeout_s=2.0) as client:
+            names = client.execute_query("machine_name(M)", timeout_s=1.0)
+            if [r.get("M") for r in names] != [machine.name]:
+                return {}  # a daemon planning for another machine
             rows = client.execute_query("numa_bandwidth(N, B)", timeout_s=1.0)
     except (CODError, OSError):
         return {}
-    return {int(r["N"]): int(r["B"]) for r in rows if isinstance(r.get("N"), int) and isinstance(r.get("B"), int)}
+    return {r["N"]: r["B"] for r in rows if isinstance(r.get("N"), int) and isinstance(r.get("B"), int)}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -127,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     if args.node_bandwidth:
         node_bw = parse_node_bandwidth(args.node_bandwidth, machine)
     elif args.machine is None and args.hwloc is None and args.sysfs_root is None:
-        node_bw, source = bandwidth_from_rm(args.socket), "rm"
+        node_bw, source = bandwidth_from_rm(args.socket, machine), "rm"
     else:
         node_bw = {}
     try:

@@ -299,7 +299,7 @@ def bind(plan: DeployPlan, machine: Machine, cpus: Iterable[int], options: Optio
     (``plan.min_cores`` of them at least); the result's ``placement`` maps each
     operator id (thread name) to one of ``cpus``.
     """
-    usable = set(cpus) & set(machine.cpu_ids())
+    usable = set(cpus) & set(machine.cpu_ids()) - set(options.unavailable)
     if len(usable) < len(plan.clusters):
         raise InfeasibleError(f"the plan needs {len(plan.clusters)} CPUs; only {len(usable)} of those "
                               f"given are online on {machine.name}")
@@ -390,7 +390,8 @@ def _place(clusters: list[Cluster], machine: Machine, usable: set[int], options:
     t1 = time.perf_counter()
 
     by_id = {s.id: s for s in slots}
-    ic = interconnect([nd for nd in machine.numa_nodes if nd.id in by_id] or [], options.link_distance)
+    # Links come from the whole machine's distances, whichever nodes are usable now.
+    ic = interconnect(machine.numa_nodes, options.link_distance)
 
     def feasible(subset: tuple[int, ...]) -> bool:
         return ffd_nodes(bws, capacity_order([by_id[i] for i in subset])) is not None
@@ -427,7 +428,11 @@ def _place(clusters: list[Cluster], machine: Machine, usable: set[int], options:
                              node.bandwidth, node.bandwidth_source, len(node.cpus)))
         notes.append(f"  node {node.id}: clusters {items} on CPUs {list(cpus)}, "
                      f"mem_bw {_gbs(sum(bws[i] for i in items))} of {_gbs(node.bandwidth)}")
-    usage.sort(key=lambda u: u.node)
+    usage = sorted((u for u in usage if u.clusters), key=lambda u: u.node)
+    if len(usage) < len(choice.nodes):  # bigger nodes than phase 3 counted on: fewer were needed
+        used = tuple(u.node for u in usage)
+        links, dist = ic.score(used)
+        choice = Choice(used, links, dist, choice.method, choice.optimal, choice.sets_examined)
     t2 = time.perf_counter()
     numa = NumaChoice(tuple(sorted(choice.nodes)), k_ffd, k_opt, choice, ic.link_distance, tuple(usage))
     return placed, numa, notes, warnings, {"phase3": (t1 - t0) * 1e3, "phase4": (t2 - t1) * 1e3}
