@@ -4,8 +4,9 @@
    and Nehalem-EX facts: operators after phase 1, cores after phase 2 (FFD and
    the CP-SAT optimum), NUMA nodes, beside the paper's 44 -> 32 -> 6 (AMD) and
    5 (Intel); and what each phase costs.
-2. scale: the planner on random plans of 100 and 400 operators on MagnyCours
-   and on the 24-node hwloc machine (phase 4 by CP-SAT there).
+2. scale: the planner on random plans of 100 and 400 operators worth half the
+   machine's cores, on MagnyCours and on the 24-node hwloc machine (phase 4 by
+   CP-SAT there).
 3. real: eight named operator threads of known duty cycles (tests/helpers/
    opthreads.c) on this machine: profiled (RAV error against the known duty),
    deployed by the planner, then run alternately (A/B, --rounds times) with the
@@ -63,10 +64,13 @@ def tpcw() -> dict:
     return out
 
 
-def random_plan(n: int, rng: random.Random) -> dict:
+def random_plan(n: int, rng: random.Random, total_util: float) -> dict:
+    """n operators, three in four light, summing to ``total_util`` cores."""
+    utils = [rng.uniform(0.005, 0.05) if rng.random() < 0.75 else rng.uniform(0.05, 0.9) for _ in range(n)]
+    scale = total_util / sum(utils)
     ops, edges = [], []
     for i in range(n):
-        op = {"id": f"op{i}", "cpu_util": round(rng.choice([rng.uniform(0.005, 0.05)] * 3 + [rng.uniform(0.05, 0.9)]), 4),
+        op = {"id": f"op{i}", "cpu_util": round(min(1.0, utils[i] * scale), 4),
               "mem_bw": rng.uniform(1e7, 1e9), "blocking": rng.random() < 0.4}
         if rng.random() < 0.1:
             op["siblings"] = f"par{i % 7}"
@@ -82,7 +86,8 @@ def scale() -> list[dict]:
     big = hwloc_xml.load(HWLOC / "192em64t-24n8c2t.xml")
     for machine in (machines.load("magnycours"), big):
         for n in (100, 400):
-            g = parse_graph(random_plan(n, rng))
+            # Half the machine's cores' worth of work, whatever the operator count.
+            g = parse_graph(random_plan(n, rng, 0.5 * len(machine.cores)))
             if machine is big:
                 # Bandwidth caps that force several nodes, so phase 4 has a choice to make.
                 opts = Options(time_limit_s=2.0, node_bandwidth={nd.id: 4_000_000_000 for nd in big.numa_nodes})

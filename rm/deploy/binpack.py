@@ -21,6 +21,10 @@ from typing import Sequence
 
 Bins = list[list[int]]
 
+# Beyond this many item x bin booleans building the exact model alone takes seconds:
+# the exact search is skipped (FFD's answer stands, with the lower bound beside it).
+EXACT_MAX_VARS = 20_000
+
 
 def ffd_order(sizes: Sequence[int]) -> list[int]:
     """Item indexes by decreasing size; ties keep the input order (deterministic)."""
@@ -93,7 +97,7 @@ def exact_min_bins(
     """The minimum number of bins, by CP-SAT, starting from the packing ``upper``.
 
     Items larger than ``capacity`` (which no packing can fit) make the search
-    pointless: status "skipped".
+    pointless, and instances beyond EXACT_MAX_VARS too costly: status "skipped".
     """
     groups = list(groups or [frozenset()] * len(sizes))
     n = len(sizes)
@@ -104,6 +108,8 @@ def exact_min_bins(
         return Exact(None, None, lb, "skipped")
     if len(upper) <= lb:
         return Exact(len(upper), [list(b) for b in upper], lb, "optimal")
+    if n * len(upper) > EXACT_MAX_VARS:
+        return Exact(None, None, lb, "skipped")
 
     from ortools.sat.python import cp_model
 

@@ -234,6 +234,9 @@ def deploy(graph: Graph, machine: Machine, options: Options = Options()) -> Depl
         exact = binpack.exact_min_bins(sizes, cap, groups, ffd_bins, time_limit_s=options.time_limit_s)
         if exact.count is not None:
             notes.append(f"  exact (CP-SAT): {exact.count} cores; FFD gap {len(ffd_bins) - exact.count}")
+        elif exact.status == "skipped":
+            notes.append(f"  exact (CP-SAT): skipped ({len(compounds)} operators x {len(ffd_bins)} cores is "
+                         f"too large a model, or an operator exceeds the capacity); lower bound {exact.bound}")
         else:
             notes.append(f"  exact (CP-SAT): {exact.status}, best bound {exact.bound} cores")
     t2 = time.perf_counter()
