@@ -301,3 +301,13 @@ def test_tpcw_plan_compresses_like_the_paper(machine):
     assert plan.cores_optimal == plan.cores            # FFD is optimal here
     assert len(plan.numa.nodes) == 1                   # the plan fits one NUMA node
     assert len(plan.placement) == 44
+
+
+def test_the_exact_packing_is_deployed_when_it_needs_fewer_cores():
+    # The instance of test_exact_finds_what_ffd_misses as operators: FFD 3 cores, optimum 2.
+    g = graph([(f"o{i}", u) for i, u in enumerate([.58, .53, .28, .18, .17, .16])])
+    plan = deploy(g, machines.load("magnycours"))
+    assert (plan.cores, plan.cores_optimal, plan.min_cores) == (3, 2, 2)
+    assert len(set(plan.placement.values())) == 2
+    paper = deploy(g, machines.load("magnycours"), Options(prefer_exact=False))
+    assert paper.min_cores == 3

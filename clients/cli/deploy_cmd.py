@@ -51,6 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="time limit of each exact search (default 2)")
     p.add_argument("--no-exact", action="store_true", help="skip the CP-SAT optimum of phases 2 and 3")
     p.add_argument("--no-balance", action="store_true", help="keep FFD's bins (no load-balancing epilogue)")
+    p.add_argument("--ffd-only", action="store_true",
+                   help="deploy on FFD's packing even when the exact one needs fewer cores (the paper's algorithm)")
     p.add_argument("--socket", metavar="PATH",
                    help="RM socket to read numa_bandwidth facts from (this machine only)")
     p.set_defaults(func=run)
@@ -133,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         node_bw = {}
     try:
         options = Options(capacity=args.capacity, exact=not args.no_exact, balance=not args.no_balance,
+                          prefer_exact=not args.ffd_only,
                           time_limit_s=args.time_limit, link_distance=args.link_distance,
                           unavailable=unavailable, node_bandwidth=node_bw or None,
                           node_bandwidth_source=source)

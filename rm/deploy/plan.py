@@ -43,6 +43,7 @@ def comm_key(op_id: str) -> str:
 class Options:
     capacity: float = 1.0  # share of one core a cluster may fill
     exact: bool = True  # also compute the CP-SAT optimum of phases 2 and 3
+    prefer_exact: bool = True  # deploy on the exact packing when it needs fewer cores than FFD
     balance: bool = True  # the load-balancing epilogue
     time_limit_s: float = 2.0  # per exact search
     exhaustive_limit: int = 20_000  # phase 4 enumerates up to this many node sets
@@ -243,9 +244,12 @@ def deploy(graph: Graph, machine: Machine, options: Options = Options()) -> Depl
     timings["phase2"] = (t2 - t1) * 1e3
 
     bins = [list(b) for b in ffd_bins]
+    if options.prefer_exact and exact.bins is not None and len(exact.bins) < len(ffd_bins):
+        bins = [list(b) for b in exact.bins]
+        notes.append(f"  deployed on the exact packing's {len(bins)} cores, not FFD's {len(ffd_bins)}")
     bal = None
     if options.balance:
-        bal = binpack.balance(sizes, cap, groups, ffd_bins, time_limit_s=options.time_limit_s)
+        bal = binpack.balance(sizes, cap, groups, bins, time_limit_s=options.time_limit_s)
         bins = bal.bins
         if bal.status in ("optimal", "improved"):
             notes.append(f"epilogue: balanced {len(bins)} cores ({bal.status}): busiest core "

@@ -14,10 +14,11 @@ def render_text(plan: DeployPlan, *, explain: bool = False) -> str:
     if explain:
         lines += list(plan.explanation) + [""]
     opt = "unproven" if plan.cores_optimal is None else str(plan.cores_optimal)
+    used = "" if plan.min_cores == plan.cores else f", deployed on {plan.min_cores}"
     n = plan.numa
     lines.append(
         f"{plan.machine}: {plan.operators} operators -> {len(plan.compounds)} compound operators -> "
-        f"{plan.cores} cores (optimal {opt}) -> {len(n.nodes)} NUMA node(s) {list(n.nodes)} "
+        f"{plan.cores} cores (optimal {opt}{used}) -> {len(n.nodes)} NUMA node(s) {list(n.nodes)} "
         f"(density {n.density:.2f})")
     for use in n.usage:
         lines.append("")
