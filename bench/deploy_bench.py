@@ -10,8 +10,9 @@
 3. real: eight named operator threads of known duty cycles (tests/helpers/
    opthreads.c) on this machine: profiled (RAV error against the known duty),
    deployed by the planner, then run alternately (A/B, --rounds times) with the
-   OS scheduling them over every CPU and compressed onto the plan's cores
-   (pinned with sched_setaffinity by this script).  Per-operator throughput and
+   OS scheduling them over every CPU and compressed onto the plan's cores,
+   bound (as the RM would) to the CPUs other work left most idle over the
+   second before, and pinned with sched_setaffinity by this script.  Per-operator throughput and
    latency, compressed over OS, and the savings factor of the paper's Eq. 5
    with the OS run as the baseline (all CPUs).
 
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 from cod.facts import hwloc_xml, machines, sysfs
-from cod.rm.deploy import Options, deploy, parse_graph
+from cod.rm.deploy import Options, bind, deploy, parse_graph
 from cod.rm.deploy.measure.profile import measure, to_graph
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,6 +109,23 @@ def scale() -> list[dict]:
     return rows
 
 
+def cpu_busy(seconds: float = 1.0) -> dict[int, float]:
+    """Share of each CPU busy over ``seconds`` (from /proc/stat)."""
+    def read() -> dict[int, tuple[int, int]]:
+        out = {}
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("cpu") and line[3].isdigit():
+                name, *vals = line.split()
+                v = [int(x) for x in vals]
+                idle = v[3] + v[4]
+                out[int(name[3:])] = (sum(v[:8]) - idle, sum(v[:8]))
+        return out
+    a = read()
+    time.sleep(seconds)
+    b = read()
+    return {c: (b[c][0] - a[c][0]) / max(1, b[c][1] - a[c][1]) for c in a if c in b}
+
+
 def run_once(exe: str, rate: float, seconds: float, pin: dict[str, int] | None) -> dict:
     ops = opthreads.start(exe, DUTIES, seconds=seconds, units_per_ms=rate)
     try:
@@ -143,9 +161,15 @@ def real(rounds: int, seconds: float) -> dict:
     plan = deploy(parse_graph(graph), machine)
 
     runs = {"os": [], "compressed": []}
+    chosen = []
     for _ in range(rounds):  # A/B alternation cancels drift in the machine's other load
         runs["os"].append(run_once(exe, rate, seconds, None))
-        runs["compressed"].append(run_once(exe, rate, seconds, plan.placement))
+        # As the RM would: the plan's cores where other work leaves the most room.
+        busy = cpu_busy()
+        free = sorted(cpus, key=lambda c: (busy.get(c, 1.0), c))[: plan.min_cores]
+        placed = bind(plan, machine, free)
+        chosen.append({"cpus": free, "busy_before": {c: round(busy.get(c, 0), 3) for c in cpus}})
+        runs["compressed"].append(run_once(exe, rate, seconds, placed.placement))
     load_after = os.getloadavg()
 
     def agg(kind: str, name: str, key: str) -> float:
@@ -156,7 +180,6 @@ def real(rounds: int, seconds: float) -> dict:
         tput_os, tput_c = agg("os", name, "throughput_units_per_s"), agg("compressed", name, "throughput_units_per_s")
         per_op[name] = {
             "duty": DUTIES[name], "rav_cpu_util": rav[name], "rav_error_pp": errors_pp[name],
-            "cpu": plan.placement[name],
             "offered_units_per_s": round(agg("os", name, "offered_units_per_s"), 1),
             "throughput_os": round(tput_os, 1), "throughput_compressed": round(tput_c, 1),
             "throughput_ratio": round(tput_c / tput_os, 4),
@@ -167,15 +190,18 @@ def real(rounds: int, seconds: float) -> dict:
         }
     total_os = sum(p["throughput_os"] for p in per_op.values())
     total_c = sum(p["throughput_compressed"] for p in per_op.values())
-    res_b, res_c = len(cpus), plan.cores
+    res_b, res_c = len(cpus), plan.min_cores
     return {
         "machine": {"name": machine.name, "cpus": list(cpus)},
         "work_units_per_ms": rate, "seconds_per_run": seconds, "rounds": rounds,
         "profile": {"source": window.source, "window_s": round(window.seconds, 3),
                     "pmu": graph["profile"]["pmu"]["detail"],
                     "max_abs_rav_error_pp": max(abs(e) for e in errors_pp.values())},
-        "plan": {"cores": plan.cores, "cores_optimal": plan.cores_optimal, "placement": plan.placement,
-                 "cluster_cpu_util": [round(c.cpu_util, 3) for c in plan.clusters]},
+        "plan": {"cores": plan.cores, "cores_optimal": plan.cores_optimal, "min_cores": plan.min_cores,
+                 "clusters": [{"cpu_util": round(c.cpu_util, 3), "operators": list(c.members)}
+                              for c in plan.clusters]},
+        "compressed_runs_on": chosen,
+        "profile_warnings": graph["profile"]["warnings"],
         "operators": per_op,
         "throughput_ratio_min": min(p["throughput_ratio"] for p in per_op.values()),
         "throughput_ratio_total": round(total_c / total_os, 4),
