@@ -188,6 +188,13 @@ def real(rounds: int, seconds: float) -> dict:
             "latency_ms_p99_os": round(agg("os", name, "latency_ms_p99"), 3),
             "latency_ms_p99_compressed": round(agg("compressed", name, "latency_ms_p99"), 3),
         }
+    def offered_share(r: dict) -> float:
+        return round(sum(x["throughput_units_per_s"] for x in r.values())
+                     / sum(x["offered_units_per_s"] for x in r.values()), 4)
+
+    per_round = [{"os_throughput_of_offered": offered_share(o), "compressed_throughput_of_offered": offered_share(c),
+                  "compressed_over_os": round(offered_share(c) / offered_share(o), 4), **ch}
+                 for o, c, ch in zip(runs["os"], runs["compressed"], chosen)]
     total_os = sum(p["throughput_os"] for p in per_op.values())
     total_c = sum(p["throughput_compressed"] for p in per_op.values())
     res_b, res_c = len(cpus), plan.min_cores
@@ -200,7 +207,7 @@ def real(rounds: int, seconds: float) -> dict:
         "plan": {"cores": plan.cores, "cores_optimal": plan.cores_optimal, "min_cores": plan.min_cores,
                  "clusters": [{"cpu_util": round(c.cpu_util, 3), "operators": list(c.members)}
                               for c in plan.clusters]},
-        "compressed_runs_on": chosen,
+        "rounds_detail": per_round,
         "profile_warnings": graph["profile"]["warnings"],
         "operators": per_op,
         "throughput_ratio_min": min(p["throughput_ratio"] for p in per_op.values()),

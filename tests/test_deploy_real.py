@@ -44,13 +44,20 @@ def last_cpu(pid: int, tid: int) -> int:
 @pytest.mark.timeout(1500)  # may wait for another engineer's benchmark to free the lock
 def test_profile_deploy_and_pin_named_operator_threads(exe):
     with bench_lock():
-        ops = opthreads.start(exe, DUTIES, seconds=6)
+        ops = opthreads.start(exe, DUTIES, seconds=10)
         try:
             ops.go()
             time.sleep(0.5)
-            window = measure(ops.pid, 3.0)
-            graph = to_graph(window, threads=NAMES)
+            # The paper profiles on an otherwise idle machine.  Other work on a shared
+            # host shows as run-queue wait: such a window measures the host, not the
+            # threads, so it is discarded (at most twice) rather than judged.
+            for _ in range(3):
+                window = measure(ops.pid, 2.5)
+                graph = to_graph(window, threads=NAMES)
+                if not graph["profile"]["warnings"]:
+                    break
             measured = {o["id"]: o["cpu_util"] for o in graph["operators"]}
+            assert not graph["profile"]["warnings"], graph["profile"]["warnings"]
             assert set(measured) == set(DUTIES)
             for name, duty in DUTIES.items():  # each RAV within 5 percentage points
                 assert abs(measured[name] - duty) <= 0.05, (name, measured[name], duty)
