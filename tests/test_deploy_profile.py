@@ -60,16 +60,16 @@ def window(before, after, seconds=2.0, counters=None, pmu=(False, "none")) -> Wi
 
 def test_cpu_util_is_time_on_cpu_over_the_window():
     w = window({1: ("main", 0, 0), 2: ("scan0", 1_000_000_000, 0), 3: ("join", 0, 0)},
-               {1: ("main", 10_000_000, 0), 2: ("scan0", 1_500_000_000, 300_000_000), 3: ("join", 2_500_000_000, 0),
+               {1: ("main", 10_000_000, 0), 2: ("scan0", 1_500_000_000, 600_000_000), 3: ("join", 2_500_000_000, 0),
                 4: ("late", 400_000_000, 0)})
     g = to_graph(w)
     ops = {o["id"]: o for o in g["operators"]}
-    assert ops["scan0"]["cpu_util"] == 0.25 and ops["scan0"]["runqueue_wait"] == 0.15
+    assert ops["scan0"]["cpu_util"] == 0.25 and ops["scan0"]["runqueue_wait"] == 0.3
     assert ops["join"]["cpu_util"] == 1.0  # capped at one core
     assert ops["late"]["cpu_util"] == 0.2 and ops["late"]["started_in_window"]
     assert all(o["mem_bw"] is None for o in ops.values())
     assert g["profile"]["pmu"]["available"] is False
-    assert "1 thread(s) waited for a CPU more than 10% of the window (up to 15%)" in g["profile"]["warnings"][0]
+    assert "1 thread(s) waited for a CPU more than 25% of the window (up to 30%)" in g["profile"]["warnings"][0]
     parse_graph(g)  # what deploy-plan reads
 
 

@@ -35,6 +35,21 @@ def exe(tmp_path_factory) -> str:
     return opthreads.build(str(tmp_path_factory.mktemp("opthreads")))
 
 
+def host_and_own_busy(pid: int) -> tuple[float, float]:
+    """(CPU seconds the whole host has been busy, CPU seconds of process ``pid``)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    host = (sum(fields) - fields[3] - fields[4]) / ticks  # all but idle and iowait
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    own = sum(int(x) for x in stat[stat.rindex(")") + 2:].split()[11:13]) / ticks
+    return host, own
+
+
+def others_cpus(before: tuple[float, float], after: tuple[float, float], seconds: float) -> float:
+    """CPUs kept busy by everything but ``pid`` between two samples."""
+    return ((after[0] - before[0]) - (after[1] - before[1])) / seconds
+
+
 def last_cpu(pid: int, tid: int) -> int:
     text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
     return int(text[text.rindex(")") + 2:].split()[36])  # field 39: processor
@@ -44,20 +59,24 @@ def last_cpu(pid: int, tid: int) -> int:
 @pytest.mark.timeout(1500)  # may wait for another engineer's benchmark to free the lock
 def test_profile_deploy_and_pin_named_operator_threads(exe):
     with bench_lock():
-        ops = opthreads.start(exe, DUTIES, seconds=10)
+        ops = opthreads.start(exe, DUTIES, seconds=120)
         try:
             ops.go()
             time.sleep(0.5)
-            # The paper profiles on an otherwise idle machine.  Other work on a shared
-            # host shows as run-queue wait: such a window measures the host, not the
-            # threads, so it is discarded (at most twice) rather than judged.
-            for _ in range(3):
-                window = measure(ops.pid, 2.5)
-                graph = to_graph(window, threads=NAMES)
-                if not graph["profile"]["warnings"]:
+            # The paper profiles on an otherwise idle machine.  On a shared host, a
+            # window in which other processes kept more than half a CPU busy measures
+            # the host, not the threads: it is discarded rather than judged (for up to
+            # a minute and a half; a dedicated CI machine takes the first window).
+            deadline = time.monotonic() + 90
+            while True:
+                before = host_and_own_busy(ops.pid)
+                window = measure(ops.pid, 2.0)
+                others = others_cpus(before, host_and_own_busy(ops.pid), window.seconds)
+                if others < 0.5 or time.monotonic() > deadline:
                     break
+            assert others < 0.5, f"the host stayed busy with other work ({others:.2f} CPUs) for 90 s"
+            graph = to_graph(window, threads=NAMES)
             measured = {o["id"]: o["cpu_util"] for o in graph["operators"]}
-            assert not graph["profile"]["warnings"], graph["profile"]["warnings"]
             assert set(measured) == set(DUTIES)
             for name, duty in DUTIES.items():  # each RAV within 5 percentage points
                 assert abs(measured[name] - duty) <= 0.05, (name, measured[name], duty)
@@ -65,7 +84,7 @@ def test_profile_deploy_and_pin_named_operator_threads(exe):
             machine = sysfs.discover("/")
             plan = deploy(parse_graph(graph), machine)
             assert plan.cores == plan.cores_lower_bound  # the fewest cores: 1 for 72 % of a core
-            assert plan.cores == 1
+            assert plan.cores == plan.min_cores == 1
             assert set(plan.placement) == set(DUTIES)
             for name, cpu in plan.placement.items():
                 os.sched_setaffinity(ops.tids[name], {cpu})  # our own threads only
@@ -74,11 +93,9 @@ def test_profile_deploy_and_pin_named_operator_threads(exe):
             time.sleep(0.5)
             for name, cpu in plan.placement.items():
                 assert last_cpu(ops.pid, ops.tids[name]) == cpu
-            results = ops.results()
+            assert ops.proc.poll() is None  # still running its operators
         finally:
             ops.stop()
-    assert set(results) == set(DUTIES)
-    assert all(r["periods"] > 0 for r in results.values())
 
 
 @pytest.mark.slow

@@ -26,7 +26,8 @@ from . import perf
 from .procfs import ProfileError, ThreadSample, detect_source, sample_process, start_time
 
 # A thread runnable but not running for more than this share of the window was starved.
-CONTENDED_WAIT = 0.10
+# (Threads woken together, as periodic operators are, queue for a few percent of it.)
+CONTENDED_WAIT = 0.25
 
 
 @dataclass
