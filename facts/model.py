@@ -35,6 +35,10 @@ class NumaNode:
     free_bytes: int | None = None
     # Distance to every node of the machine, keyed by node id (SLIT units, 10 = local).
     distances: dict[int, int] = field(default_factory=dict)
+    # Attainable local memory bandwidth (STREAM-like triad), bytes/s; None = not known.
+    # Neither sysfs nor hwloc give it: it comes from a reference machine's file or a
+    # measurement (`cod bandwidth`).  The plan deployment's phase 3 packs by it.
+    bandwidth_bytes_per_s: int | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,7 @@ class Machine:
                     "memory_bytes": n.memory_bytes,
                     "free_bytes": n.free_bytes,
                     "distances": {str(k): v for k, v in sorted(n.distances.items())},
+                    "bandwidth_bytes_per_s": n.bandwidth_bytes_per_s,
                 }
                 for n in self.numa_nodes
             ],
@@ -190,6 +195,8 @@ class Machine:
                     memory_bytes=n.get("memory_bytes"),
                     free_bytes=n.get("free_bytes"),
                     distances={int(k): int(v) for k, v in (n.get("distances") or {}).items()},
+                    bandwidth_bytes_per_s=(None if n.get("bandwidth_bytes_per_s") is None
+                                           else int(n["bandwidth_bytes_per_s"])),
                 )
                 for n in data["numa_nodes"]
             ),

@@ -7,6 +7,7 @@ depends on them):
     package(PkgId, CpuList).
     numa_node(Node, MemBytes, CpuList).
     numa_free(Node, FreeBytes).                % only where known
+    numa_bandwidth(Node, BytesPerS).           % only where known (STREAM-like triad)
     node_distance(From, To, Distance).
     core(CoreId, Package, Node, PuList).
     pu(Cpu, CoreId, Package, Node).            % online PUs
@@ -59,6 +60,8 @@ def facts(machine: Machine) -> list[str]:
     nodes = sorted(m.numa_nodes, key=lambda n: n.id)
     out += [f"numa_node({n.id},{_num(n.memory_bytes)},{_list(n.cpus)})." for n in nodes]
     out += [f"numa_free({n.id},{n.free_bytes})." for n in nodes if n.free_bytes is not None]
+    out += [f"numa_bandwidth({n.id},{n.bandwidth_bytes_per_s})." for n in nodes
+            if n.bandwidth_bytes_per_s is not None]
     out += [f"node_distance({n.id},{to},{d})." for n in nodes
             for to, d in sorted(n.distances.items())]
     out += [f"core({c.id},{_num(c.package)},{_num(c.numa_node)},{_list(c.pus)})."

@@ -36,6 +36,8 @@ class Shape:
     distance_local: int = 10
     distance_same_package: int = 16
     distance_remote: int = 22
+    # Attainable STREAM-triad bandwidth of one NUMA node, bytes/s (None: unknown).
+    node_bandwidth_bytes_per_s: int | None = None
 
 
 def build(shape: Shape) -> Machine:
@@ -98,6 +100,7 @@ def build(shape: Shape) -> Machine:
                 memory_bytes=s.node_memory_bytes,
                 free_bytes=s.node_memory_bytes,
                 distances=distances,
+                bandwidth_bytes_per_s=s.node_bandwidth_bytes_per_s,
             )
         )
 
@@ -115,29 +118,44 @@ def build(shape: Shape) -> Machine:
     )
 
 
+GB = 10**9
+
 # The four machines of the COD paper, Section 7.1.
+#
+# Node bandwidth: the deployment paper (Giceva et al., VLDB 2015) measured it with
+# STREAM but prints no figure in its text, so these are documented defaults from
+# published STREAM Triad results for the same processors (docs/deploy.md, "NUMA
+# bandwidth facts"); measure a real machine with `cod bandwidth`.
 REFERENCE_SHAPES: dict[str, Shape] = {
     # 4 x Opteron 6174: two 6-core dies per package, a 5 MiB L3 and a 16 GiB node per die.
     "magnycours": Shape(
         "magnycours", packages=4, dies_per_package=2, cores_per_die=6, node_per_die=True,
         node_memory_bytes=16 * GIB, l3_bytes_per_die=5 * MIB, l2_bytes_per_core=512 * KIB,
+        # AMD: ~100 GB/s STREAM over four Opteron 6100 = eight dies (2 x DDR3-1333 each).
+        node_bandwidth_bytes_per_s=12_500_000_000,
     ),
     # 8 x quad-core Opteron 8350, 16 GiB over 8 nodes, 2 MiB L3 per package.
     "barcelona": Shape(
         "barcelona", packages=8, dies_per_package=1, cores_per_die=4,
         node_memory_bytes=2 * GIB, l3_bytes_per_die=2 * MIB, l2_bytes_per_core=512 * KIB,
         distance_same_package=10, distance_remote=20,
+        # 2 x DDR2-667 per socket (10.7 GB/s peak); Triad reaches about 55 % of it.
+        node_bandwidth_bytes_per_s=6_000_000_000,
     ),
     # 4 x quad-core Opteron 8380, 4 nodes of 4 GiB, 6 MiB L3 per package.
     "shanghai": Shape(
         "shanghai", packages=4, dies_per_package=1, cores_per_die=4,
         node_memory_bytes=4 * GIB, l3_bytes_per_die=6 * MIB, l2_bytes_per_core=512 * KIB,
         distance_same_package=10, distance_remote=20,
+        # 2 x DDR2-800 per socket (12.8 GB/s peak); same controller that reaches 8 GB/s on Istanbul.
+        node_bandwidth_bytes_per_s=8_000_000_000,
     ),
     # 4 x 8-core Xeon L7555, 4 nodes of 32 GiB, 24 MiB L3 per package, hyperthreading off.
     "nehalem-ex": Shape(
         "nehalem-ex", packages=4, dies_per_package=1, cores_per_die=8,
         node_memory_bytes=32 * GIB, l3_bytes_per_die=24 * MIB, l2_bytes_per_core=256 * KIB,
         l1d_bytes_per_core=32 * KIB, distance_same_package=10, distance_remote=21,
+        # Four X7560 (same uncore and SMI links as the L7555) reach 25-29 GB/s Triad: ~7 GB/s a node.
+        node_bandwidth_bytes_per_s=7_000_000_000,
     ),
 }

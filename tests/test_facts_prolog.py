@@ -18,7 +18,8 @@ from helpers.data import HWLOC_DIR
 
 # name -> arity: the schema the SKB loads (see cod.facts.prolog).
 SCHEMA = {
-    "machine_name": 1, "package": 2, "numa_node": 3, "numa_free": 2, "node_distance": 3,
+    "machine_name": 1, "package": 2, "numa_node": 3, "numa_free": 2, "numa_bandwidth": 2,
+    "node_distance": 3,
     "core": 4, "pu": 4, "pu_offline": 1, "cache": 4, "allowed_cpus": 1, "allowed_mems": 1,
     "total_memory": 1,
 }

@@ -16,6 +16,8 @@ from .errors import UserError
 
 # Subcommand modules, in the order `cod --help` lists them.
 SUBCOMMANDS = ["facts", "query", "plan", "rm", "shell"]
+# Query-plan deployment with resource activity vectors (issue 17): deploy-plan, profile, bandwidth.
+SUBCOMMANDS += ["deploy", "profile", "bandwidth"]
 
 
 def build_parser() -> argparse.ArgumentParser:
