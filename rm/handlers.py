@@ -30,6 +30,7 @@ from cod.protocol.jsonrpc import (
     RpcError,
 )
 from cod.protocol.names import name_problem
+from cod.skb.codec import PREDICATE_KINDS
 
 from .registry import Connection, Task
 from .service import ResourceManager
@@ -166,6 +167,37 @@ async def execute_query(rm: ResourceManager, conn: Connection, p: Params) -> Any
                                                  max_solutions=max_solutions, timeout_s=timeout_s)}
 
 
+async def cancel(rm: ResourceManager, conn: Connection, p: Params) -> Any:
+    """Stop this connection's running queries (answered at once, ahead of its earlier requests)."""
+    p.done()
+    return {"cancelled": await rm.cancel(conn)}
+
+
+# ---- what the SKB holds -----------------------------------------------------------------------
+async def list_procedures(rm: ResourceManager, conn: Connection, p: Params) -> Any:
+    app = p.str("app", conn.app)
+    p.done()
+    _name("list_procedures", "application name", app)
+    refusal = rm.registry.name_refusal(conn.peer.uid, app, conn.privileged)
+    if refusal is not None:
+        raise RpcError(PERMISSION_DENIED, f"list_procedures: {refusal}")
+    return {"app": app, **await rm.describe_app(app)}
+
+
+async def list_predicates(rm: ResourceManager, conn: Connection, p: Params) -> Any:
+    kind = p.str("kind", "all")
+    p.done()
+    if kind not in PREDICATE_KINDS:
+        raise RpcError(INVALID_PARAMS, f"list_predicates: kind must be one of {', '.join(PREDICATE_KINDS)}, "
+                                       f"not {kind!r}")
+    return {"predicates": await rm.predicates(conn, kind)}
+
+
+async def get_topology(rm: ResourceManager, conn: Connection, p: Params) -> Any:
+    p.done()
+    return {"machine": rm.machine.to_dict()}
+
+
 # ---- tasks ------------------------------------------------------------------------------------
 async def register_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     name = _name("register_task", "task name", p.str("name"))
@@ -236,6 +268,15 @@ async def get_allocation(rm: ResourceManager, conn: Connection, p: Params) -> An
         return rm.allocation_of(task)
     return {"epoch": rm.epochs.epoch, **rm.plan_summary(),
             "tasks": [rm.allocation_of(t) for _, t in sorted(rm.registry.tasks.items())]}
+
+
+async def explain_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
+    name = p.str("task")
+    p.done()
+    task = rm.registry.tasks.get(name)
+    if task is None:
+        raise RpcError(NOT_FOUND, f"no task named {name!r}")
+    return rm.explain(task)
 
 
 async def list_tasks(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -338,11 +379,17 @@ METHODS: dict[str, Handler] = {
     "get_allocation": get_allocation,
     "list_tasks": list_tasks,
     "batch": batch,
+    "cancel": cancel,
+    "list_procedures": list_procedures,
+    "list_predicates": list_predicates,
+    "explain_task": explain_task,
+    "get_topology": get_topology,
 }
 assert set(METHODS) == set(rpc.METHODS), "the protocol's method names and the handlers must agree"
 # Answered as soon as they are read, not behind the connection's earlier requests:
 # an acknowledgement must not wait behind a slow query of the same client.
-IMMEDIATE = frozenset({"ack_allocation"})
+# A cancel must overtake the very query it stops.
+IMMEDIATE = frozenset({"ack_allocation", "cancel"})
 
 
 async def dispatch(rm: ResourceManager, conn: Connection, req: Request) -> Any:

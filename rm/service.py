@@ -38,7 +38,7 @@ from cod.protocol.prolog_text import atom, predicate_name, term
 from cod.skb import PERSISTENT, SKBError, Staged
 from cod.skb import codec
 
-from . import epochs, quotas
+from . import epochs, quotas, reasons
 from .allocator.model import TaskSpec
 from .conditions import Condition, ConditionWatch, step
 from .taskprops import Derived, build_spec, derived_value
@@ -60,6 +60,12 @@ def skb_rpc_error(err: SKBError) -> RpcError:
     if err.code == "quota":
         return RpcError(rpc.QUOTA_EXCEEDED, err.message, data)
     return RpcError(rpc.skb_error_code(err.code), err.message, data)
+
+
+def query_tag(conn: Connection) -> str:
+    """Whom the SKB runs a query for, so that ``cancel`` stops exactly this connection's queries:
+    its capability token (which its direct channel's queries carry too), or its id."""
+    return conn.token if conn.token is not None else f"conn{conn.id}"
 
 
 async def skb_call(awaitable: Any) -> Any:
@@ -255,8 +261,31 @@ class ResourceManager:
 
     async def execute_query(self, conn: Connection, goal: str, *, all_solutions: bool, max_solutions: int,
                             timeout_s: float) -> list[dict[str, Any]]:
-        return await skb_call(self.skb.execute_query(self._app(conn), goal, all_solutions=all_solutions,
-                                                     max_solutions=max_solutions, timeout_s=timeout_s))
+        answer = await skb_call(self.skb.query(self._app(conn), goal, all_solutions=all_solutions,
+                                               max_solutions=max_solutions, timeout_s=timeout_s,
+                                               tag=query_tag(conn)))
+        return list(answer["solutions"])
+
+    async def cancel(self, conn: Connection) -> int:
+        """Stop the connection's running queries, on both roads (this socket and its direct channel)."""
+        return int(await skb_call(self.skb.cancel(query_tag(conn))))
+
+    async def describe_app(self, app: str) -> dict[str, Any]:
+        return await skb_call(self.skb.describe_app(app))
+
+    async def predicates(self, conn: Connection, kind: str) -> list[dict[str, Any]]:
+        return await skb_call(self.skb.predicates(self._app(conn), kind))
+
+    def explain(self, task: Task) -> dict[str, Any]:
+        """The allocator's reasons for the task's CPUs, with their evidence (cod.rm.reasons)."""
+        plan = self.last_plan
+        binding = list(plan.binding.get(task.name, ())) if plan else []
+        specs = {t.name: t.spec for t in self.registry.tasks.values()}
+        cores = {name: tuple(c) for name, c in self.epochs.announced.items() if name in specs}
+        return {"task": task.name, "app": task.app, "cores": list(cores.get(task.name, ())), "binding": binding,
+                "constraints": reasons.constraints(task.name, binding, specs, cores,
+                                                   plan.unavailable if plan else (), self.machine),
+                "plan": self.plan_summary()}
 
     def _app(self, conn: Connection) -> str:
         assert conn.app is not None, "handlers only call the service after hello"

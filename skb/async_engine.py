@@ -348,6 +348,18 @@ class AsyncSKB:
     async def usage(self, app: str) -> dict[str, int]:
         return dict(await self._run(codec.usage(app)))
 
+    async def describe_app(self, app: str) -> dict[str, Any]:
+        """{"procedures": [{"predicate", "text", "persistent"}], "facts": [{"predicate", "count"}]}"""
+        return dict(await self._run(codec.describe_app(app)))
+
+    async def predicates(self, app: str, kind: str = "all") -> list[dict[str, Any]]:
+        """[{"name", "arity", "kind"}] of what the app's code may call."""
+        return list((await self._run(codec.predicates(app, kind)))["predicates"])
+
+    async def cancel(self, tag: str) -> int:
+        """Stop the queries running for ``tag``; how many were running."""
+        return int(await self._run(codec.cancel(tag)))
+
     async def load_library(self, path: str | Path) -> list[str]:
         return list(await self._run(codec.load_library(str(Path(path).resolve()))))
 
@@ -360,8 +372,9 @@ class AsyncSKB:
 
     # ---- queries --------------------------------------------------------
     async def query(self, app: str, goal: str, *, all_solutions: bool = True, timeout_s: float | None = None,
-                    max_solutions: int = 10_000) -> dict[str, Any]:
-        op, timeout = self.config.query_op(app, goal, all_solutions, timeout_s, max_solutions)
+                    max_solutions: int = 10_000, tag: str | None = None) -> dict[str, Any]:
+        """``tag``: whom the query runs for, so that cancel(tag) can stop it."""
+        op, timeout = self.config.query_op(app, goal, all_solutions, timeout_s, max_solutions, tag)
         return dict(await self._run(op, timeout))
 
     async def execute_query(self, app: str, goal: str, *, all_solutions: bool = True,

@@ -200,9 +200,31 @@ def usage(app: str) -> Op:
     return Op(f"usage({app_atom(app)})")
 
 
+def describe_app(app: str) -> Op:
+    """The app's procedures (with their text) and how many facts each predicate holds."""
+    return Op(f"describe_app({app_atom(app)})")
+
+
+PREDICATE_KINDS = ("system", "library", "app", "all")
+
+
+def predicates(app: str, kind: str) -> Op:
+    """The predicates the app's code may call, of one kind (PREDICATE_KINDS)."""
+    if kind not in PREDICATE_KINDS:
+        raise SKBError("invalid", f"invalid predicate kind {kind!r}: use one of {', '.join(PREDICATE_KINDS)}")
+    return Op(f"predicates({app_atom(app)},{kind})")
+
+
+def cancel(tag: str) -> Op:
+    """Stop every query running for ``tag`` (a client's capability token); the reply counts them."""
+    return Op(f"cancel({atom(tag)})")
+
+
 def query(app: str, goal: str, *, all_solutions: bool, max_solutions: int, timeout_s: float,
-          inference_limit: int | None) -> Op:
+          inference_limit: int | None, tag: str | None = None) -> Op:
     opts = _query_options(all_solutions, max_solutions, timeout_s, inference_limit)
+    if tag is not None:
+        opts = f"[tag({atom(tag)}),{opts[1:]}"
     return Op(f"query({app_atom(app)},{string(goal)},{opts})")
 
 

@@ -92,11 +92,11 @@ class EngineConfig:
             resource.prlimit(pid, resource.RLIMIT_AS, (self.memory_limit_bytes, self.memory_limit_bytes))
 
     def query_op(self, app: str, goal: str, all_solutions: bool, timeout_s: float | None,
-                 max_solutions: int) -> tuple[Op, float]:
+                 max_solutions: int, tag: str | None = None) -> tuple[Op, float]:
         """The engine operation for a query, and the time limit it runs under."""
         timeout = self.query_timeout_s if timeout_s is None else min(timeout_s, self.query_timeout_s)
         op = codec.query(app, goal, all_solutions=all_solutions, max_solutions=max_solutions,
-                         timeout_s=timeout, inference_limit=self.inference_limit)
+                         timeout_s=timeout, inference_limit=self.inference_limit, tag=tag)
         return op, timeout
 
     def startup_ops(self) -> list[Op]:

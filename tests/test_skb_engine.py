@@ -209,14 +209,14 @@ def test_journal_is_compacted_and_replays_the_same_state(monkeypatch: pytest.Mon
             engine.add_system_facts([f"task(t{i}, {1000 + i}, db)"])
             engine.remove_system_facts(f"task(t{i}, _, _)")
             engine.remove_facts("db", "rtime(_)")
-            engine.add_facts("db", [f"rtime({i})", 'label("a \\"quoted\\" string")'])
+            engine.add_facts("db", [f"rtime({i})", 'tag("a \\"quoted\\" string")'])
         engine.replace_system_facts("allocated(_, _)", ["allocated(keep, 3)"])
         engine.add_system_facts(["task(keep, 42, db)"])
         assert len(engine._session.journal) < 20
         os.kill(engine.pid, signal.SIGKILL)
         with pytest.raises(SKBError):
             engine.execute_query("db", "rtime(X)")
-        assert engine.execute_query("db", "rtime(X), half(X, H), label(L)") == [
+        assert engine.execute_query("db", "rtime(X), half(X, H), tag(L)") == [
             {"X": 59, "H": 29.5, "L": 'a "quoted" string'}
         ]
         assert engine.execute_query("db", "task(T, P, A)") == [{"T": "keep", "P": 42, "A": "db"}]

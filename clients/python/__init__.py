@@ -11,6 +11,7 @@ from .errors import (
     NotFound,
     PermissionDenied,
     ProtocolMismatch,
+    QueryCancelled,
     QueryTimeout,
     RMError,
     KnowledgeBaseError,
@@ -26,7 +27,7 @@ connect = Client.connect
 
 __all__ = [
     "AdmissionRefused", "AlreadyExists", "CodError", "Client", "ConnectionLost", "InvalidRequest",
-    "NotConnected", "NotFound", "PermissionDenied", "ProtocolMismatch", "QueryTimeout", "RMError",
+    "NotConnected", "NotFound", "PermissionDenied", "ProtocolMismatch", "QueryCancelled", "QueryTimeout", "RMError",
     "KnowledgeBaseError", "QuotaExceeded", "ShuttingDown", "TimedOut", "TooBusy", "UnsafeGoal", "add_procedure", "connect", "rsmgr_client_connect",
     "rsmgr_register_fn", "skb_add_fact", "skb_add_fn", "skb_execute_query",
 ]

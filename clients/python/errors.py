@@ -58,7 +58,7 @@ class AdmissionRefused(RMError):
 
 
 class KnowledgeBaseError(RMError):
-    """-32040..-32052: the knowledge base refused or failed the request; `skb_code` names the kind."""
+    """-32040..-32053: the knowledge base refused or failed the request; `skb_code` names the kind."""
 
     @property
     def skb_code(self) -> str | None:
@@ -67,6 +67,10 @@ class KnowledgeBaseError(RMError):
 
 class QueryTimeout(KnowledgeBaseError):
     """-32042: the query ran past its time limit."""
+
+
+class QueryCancelled(KnowledgeBaseError):
+    """-32053: the query was stopped by a ``cancel`` call of its own client."""
 
 
 class UnsafeGoal(KnowledgeBaseError):
@@ -93,6 +97,7 @@ _BY_CODE: dict[int, type[RMError]] = {
     -32700: InvalidRequest, -32600: InvalidRequest, -32601: InvalidRequest, -32602: InvalidRequest,
     -32010: PermissionDenied, -32020: NotFound, -32021: AlreadyExists, -32030: AdmissionRefused,
     -32031: QuotaExceeded, -32042: QueryTimeout, -32041: UnsafeGoal, -32052: QuotaExceeded,
+    -32053: QueryCancelled,
     -32060: ShuttingDown, -32070: TooBusy, -32071: TimedOut,
 }
 

@@ -16,6 +16,7 @@
             app_usage/2,           % +App, -Usage
             list_facts/3,          % +App, +PredicateOrAll, -Texts
             list_procedures/2,     % +App, -Texts
+            describe_app/3,        % +App, -Procedures, -FactCounts
             run_query/4,           % +App, +Text, +Options, -Answer
             evaluate/5,            % +App, +Staged, +Queries, +Options, -Results
             with_declarations/1,   % :Goal
@@ -998,6 +999,17 @@ procedure_text(M, Name/Arity, Text) :-
                    forall(member(C, Clauses),
                           format('~k.~n', [C]))).
 
+%   procedure_listing(+Module, +PI, -Texts): each clause as a person would
+%   write it (portray_clause/2: layout, variables named A, B, ...).
+procedure_listing(M, Name/Arity, Texts) :-
+    functor(H, Name, Arity),
+    findall(Text,
+            ( clause(M:H, B),
+              clause_term(H, B, C),
+              with_output_to(string(Text), portray_clause(C))
+            ),
+            Texts).
+
 clause_term(H, true, H) :- !.
 clause_term(H, B, (H:-B)).
 
@@ -1010,6 +1022,19 @@ restore_app(App, state(Facts, Procs)) :-
            add_procedure(App, Text, P, none, _)),
     forall(member(Text-Owners, Facts),
            forall(member(O, Owners), add_facts(App, O, [Text], none, _))).
+
+%!  describe_app(+App, -Procedures, -FactCounts) is det.
+%
+%   Procedures: proc(Name/Arity, ClauseTexts, Persistent) for each procedure of
+%   App; FactCounts: (Name/Arity)-Count for each predicate holding facts.
+describe_app(App, Procs, Counts) :-
+    (   app(App, M)
+    ->  findall(proc(PI, Texts, P), ( procedure(M, PI, P, _), procedure_listing(M, PI, Texts) ), Procs),
+        findall(Name/Arity, ( fact_ref(M, Ref), clause(M:H, true, Ref), functor(H, Name, Arity) ), PIs),
+        msort(PIs, Sorted),
+        clumped(Sorted, Counts)
+    ;   Procs = [], Counts = []
+    ).
 
 %!  list_procedures(+App, -Texts) is det.
 %

@@ -244,7 +244,8 @@ method("hello", Params, _, App, json([protocol-1, app-App])) :- !,
     (   get_dict(token, Params, T), string(T), atom_string(Token, T), token(Token, App)
     ->  thread_self(Me),
         retractall(conn_token(Me, _)),
-        assertz(conn_token(Me, Token))
+        assertz(conn_token(Me, Token)),
+        nb_setval(cod_tag, Token)
     ;   throw(rpc(-32010, "this capability is not valid (its connection to the Resource Manager has ended, or it was never issued)", []))
     ).
 method(_, _, none, _, _) :- !,

@@ -21,6 +21,7 @@ syntax error, the index of a fact in a batch, the limit that was hit).
 
 %   error_code(+Error, -Code): the stable code clients switch on.
 error_code(cod_limit(time), timeout) :- !.
+error_code(cod_limit(cancelled), cancelled) :- !.
 error_code(time_limit_exceeded, timeout) :- !.
 error_code(time_limit_exceeded(_), timeout) :- !.
 error_code(error(Formal, Ctx), Code) :-
@@ -97,6 +98,7 @@ error_message(E, Message) :-
     format(string(Message), '~q', [E]).
 
 message_text(cod_limit(time), "query exceeded its time limit") :- !.
+message_text(cod_limit(cancelled), "query cancelled by its client") :- !.
 message_text(time_limit_exceeded, "query exceeded its time limit") :- !.
 message_text(error(permission_error(call, sandboxed, Name/Arity), cod_guard(_)), M) :- !,
     denied_reason(Name, Arity, Why),

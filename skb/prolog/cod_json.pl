@@ -148,7 +148,9 @@ json_write_text(S, Text) :-
 %!  json_write_object(+Stream, +Pairs) is det.
 %
 %   Write Key-Value pairs as a JSON object; a value json(Pairs) is a
-%   nested object, any other value is written by json_write_value/2.
+%   nested object, objects(List) an array of json(Pairs) objects, bool(B)
+%   the JSON literal true or false, any other
+%   value is written by json_write_value/2.
 json_write_object(S, Pairs) :-
     put_char(S, '{'),
     write_object_pairs(Pairs, S),
@@ -160,9 +162,20 @@ write_object_pairs([K-V|T], S) :-
     put_char(S, ':'),
     (   nonvar(V), V = json(Inner)
     ->  json_write_object(S, Inner)
+    ;   nonvar(V), V = bool(B)
+    ->  ( B == true -> write(S, true) ; write(S, false) )
+    ;   nonvar(V), V = objects(Objects)
+    ->  put_char(S, '['),
+        write_objects(Objects, S),
+        put_char(S, ']')
     ;   json_write_value(S, V)
     ),
     (   T == [] -> true ; put_char(S, ','), write_object_pairs(T, S) ).
+
+write_objects([], _).
+write_objects([json(Pairs)|T], S) :-
+    json_write_object(S, Pairs),
+    (   T == [] -> true ; put_char(S, ','), write_objects(T, S) ).
 
 %!  write_answer(+Stream, +Answer) is det.
 %

@@ -3,7 +3,8 @@
 
 :- module(cod_limits,
           [ run_limited/3,           % :Goal, +Seconds, +Inferences
-            start_watchdog/0
+            start_watchdog/0,
+            cancel_tagged/2          % +Tag, -Count
           ]).
 :- use_module(library(error)).
 
@@ -60,8 +61,9 @@ run_limited(Goal, Seconds, Inferences) :-
     ->  get_time(Now),
         Deadline is Now + Seconds,
         thread_self(Me),
+        (   nb_current(cod_tag, Tag) -> true ; Tag = none ),
         setup_call_cleanup(
-            recorda(cod_deadline, d(Me, Deadline), Ref),
+            recorda(cod_deadline, d(Me, Deadline, Tag), Ref),
             call_with_inference_limit(Goal, Inferences, Result),
             erase(Ref))
     ;   setup_call_cleanup(
@@ -93,7 +95,7 @@ watch :-
     repeat,
         sleep(Tick),
         get_time(Now),
-        forall(( recorded(cod_deadline, d(Thread, Deadline)), Deadline =< Now ),
+        forall(( recorded(cod_deadline, d(Thread, Deadline, _)), Deadline =< Now ),
                catch(thread_signal(Thread, cod_limits:expire(Deadline)), _, true)),
         fail.
 
@@ -103,7 +105,26 @@ watch :-
 :- public expire/1.
 expire(Deadline) :-
     thread_self(Me),
-    (   recorded(cod_deadline, d(Me, Deadline))
+    (   recorded(cod_deadline, d(Me, Deadline, _))
     ->  throw(cod_limit(time))
+    ;   true
+    ).
+
+%!  cancel_tagged(+Tag, -Count) is det.
+%
+%   Stop every limited call running for Tag (set by the caller in the
+%   global variable cod_tag: a client's capability token), as if its time
+%   limit had passed, with cod_limit(cancelled).  Count calls were running.
+cancel_tagged(Tag, Count) :-
+    findall(Thread-Deadline, recorded(cod_deadline, d(Thread, Deadline, Tag)), Running),
+    forall(member(Thread-Deadline, Running),
+           catch(thread_signal(Thread, cod_limits:cancelled(Deadline)), _, true)),
+    length(Running, Count).
+
+:- public cancelled/1.
+cancelled(Deadline) :-
+    thread_self(Me),
+    (   recorded(cod_deadline, d(Me, Deadline, _))
+    ->  throw(cod_limit(cancelled))
     ;   true
     ).

@@ -183,6 +183,7 @@ dispatch(query(App), Id, Op) :-
 %   op_kind(+Operation, -Kind): who runs it.
 op_kind(ping, inline).
 op_kind(stats, inline).
+op_kind(cancel(_), inline).
 op_kind(load_system(_), write).
 op_kind(add_system_facts(_), write).
 op_kind(remove_system_facts(_), write).
@@ -204,6 +205,8 @@ op_kind(revoke(_), write).
 op_kind(list_facts(_, _), read).
 op_kind(list_procedures(_), read).
 op_kind(usage(_), read).
+op_kind(describe_app(_), read).
+op_kind(predicates(_, _), read).
 op_kind(query(App, _, _), query(App)).
 op_kind(evaluate(App, _, _, _), query(App)).
 op_kind(time_query(App, _, _), query(App)).
@@ -214,8 +217,9 @@ op_kind(time_query(App, _, _), query(App)).
 
 writer_loop :-
     thread_get_message(cod_writer, job(Id, Op)),
-    run_op(Id, Op),
-    after_write(Op),
+    op_outcome(Op, Outcome),
+    after_write(Op),            % before the reply: who reads next sees the module gone
+    send_outcome(Id, Outcome),
     writer_loop.
 
 %   after_write(+Op): work that may not happen inside a transaction.
@@ -339,18 +343,44 @@ worker_loop :-
 
 %   run_op(+Id, +Op): run and reply.  Writes run in a transaction.
 run_op(Id, Op) :-
+    op_outcome(Op, Outcome),
+    send_outcome(Id, Outcome).
+
+%   op_outcome(+Op, -Outcome): ok(Result) or error(E).
+op_outcome(Op, Outcome) :-
     op_kind(Op, Kind),
+    op_tag(Op, Tag),
+    nb_setval(cod_tag, Tag),
     (   Kind == write, Op \== snapshot
     ->  Runner = with_declarations(transaction(op_result(Op, Result)))
     ;   Runner = op_result(Op, Result)
     ),
     (   catch(Runner, E, true)
     ->  (   var(E)
-        ->  reply_ok(Id, Result)
-        ;   reply_error(Id, E)
+        ->  Outcome = ok(Result)
+        ;   Outcome = error(E)
         )
-    ;   reply_error(Id, error(failed(Op), _))
+    ;   Outcome = error(error(failed(Op), _))
     ).
+
+send_outcome(Id, ok(Result)) :-
+    reply_ok(Id, Result).
+send_outcome(Id, error(E)) :-
+    reply_error(Id, E).
+
+%   op_tag(+Op, -Tag): whom a query runs for (the client's capability
+%   token, so that cancel/1 can stop it), or none.
+op_tag(query(_, _, Options), Tag) :-
+    is_list(Options),
+    memberchk(tag(Tag0), Options),
+    atom(Tag0), !,
+    Tag = Tag0.
+op_tag(evaluate(_, _, _, Options), Tag) :-
+    is_list(Options),
+    memberchk(tag(Tag0), Options),
+    atom(Tag0), !,
+    Tag = Tag0.
+op_tag(_, none).
 
 %!  op_result(+Operation, -Result) is det.
 op_result(ping, atom(pong)).
@@ -414,6 +444,17 @@ op_result(usage(App), json(U)) :-
 op_result(query(App, Text, Options), Answer) :-
     option_limits(Options, Options1),
     run_query(App, Text, Options1, Answer).
+op_result(cancel(Tag), int(N)) :-
+    must_be(atom, Tag),
+    cancel_tagged(Tag, N).
+op_result(describe_app(App), json([procedures-objects(Procs), facts-objects(Facts)])) :-
+    describe_app(App, Procs0, Facts0),
+    maplist(procedure_json, Procs0, Procs),
+    maplist(fact_count_json, Facts0, Facts).
+op_result(predicates(App, Kind), json([predicates-objects(Rows)])) :-
+    must_be(oneof([system, library, app, all]), Kind),
+    findall(json([name-N, arity-A, kind-K]), visible_predicate(App, Kind, N, A, K), Rows0),
+    sort(Rows0, Rows).
 op_result(evaluate(App, Staged0, Queries, Options), results(Results)) :-
     maplist(staged_change, Staged0, Staged),
     option_limits(Options, Options1),
@@ -510,6 +551,31 @@ replace_one(PatternText-Texts, N0, N) :-
     maplist(cod_sys_assert, Facts),
     length(Facts, K),
     N is N0 + K.
+
+procedure_json(proc(PI, Clauses, Persistent), json([predicate-S, clauses-Clauses, persistent-bool(Persistent)])) :-
+    pi_string(PI, S).
+
+fact_count_json(PI-Count, json([predicate-S, count-Count])) :-
+    pi_string(PI, S).
+
+%   visible_predicate(+App, +Kind, -Name, -Arity, -Kind): what App's code may
+%   call, by kind (system, library, app or all).
+visible_predicate(_, Kind, Name, Arity, system) :-
+    memberchk(Kind, [system, all]),
+    module_property(cod_sys, exports(PIs)),
+    member(Name/Arity, PIs),
+    \+ sub_atom(Name, 0, _, _, cod_sys_).
+visible_predicate(_, Kind, Name, Arity, library) :-
+    memberchk(Kind, [library, all]),
+    library_module(M),
+    module_property(M, exports(PIs)),
+    member(Name/Arity, PIs).
+visible_predicate(App, Kind, Name, Arity, app) :-
+    memberchk(Kind, [app, all]),
+    describe_app(App, Procs, Facts),
+    (   member(proc(Name/Arity, _, _), Procs)
+    ;   member((Name/Arity)-_, Facts)
+    ).
 
 pi_string(Name/Arity, S) :-
     format(string(S), '~q/~w', [Name, Arity]).

@@ -103,7 +103,8 @@ enum cod_error {
     COD_EBUSY = -35,         /* -32070: the daemon is too busy */
     COD_ESERVER = -36,       /* any other code the daemon sends (e.g. new ones in -32000..-32099) */
     COD_EQUOTA = -37,        /* -32031, -32052: over a quota (facts, procedures, subscriptions) */
-    COD_ESLOW = -38          /* -32071: this client was too slow (no hello, a frame not completed in time) */
+    COD_ESLOW = -38,         /* -32071: this client was too slow (no hello, a frame not completed in time) */
+    COD_ECANCELLED = -39     /* -32053: the query was stopped by a `cancel` call of its own connection */
 };
 
 /* The name of a COD_E... code as a short phrase ("connection lost", ...). */

@@ -25,6 +25,7 @@ int cod_error_from_server(long long code)
     case -32040: return COD_ESYNTAX;
     case -32041: return COD_EUNSAFE;
     case -32042: return COD_EQUERYTIME;
+    case -32053: return COD_ECANCELLED;
     case -32060: return COD_ESHUTDOWN;
     case -32070: return COD_EBUSY;
     case -32031:
@@ -66,6 +67,7 @@ const char *cod_strerror(int code)
     case COD_ESERVER: return "error reported by the daemon";
     case COD_EQUOTA: return "quota exceeded";
     case COD_ESLOW: return "too slow for the daemon";
+    case COD_ECANCELLED: return "query cancelled";
     default: return "unknown error";
     }
 }

@@ -246,10 +246,8 @@ def cmd_explain(shell: "Shell", cmd: Command) -> None:
     except KeyError as err:
         raise ShellError(str(err.args[0]), kind="not_found") from None
     if shell.backend.offers("explain_task"):
-        detail = shell.backend.call("explain_task", {"task": name})
-        if detail.get("constraints"):
-            ex["constraints"] = [{"binding": c.get("kind"), "text": c.get("text", "")} for c in detail["constraints"]]
-        ex["daemon"] = detail
+        # The sentences stay the shell's; the daemon adds the allocator's own evidence (for --json).
+        ex["evidence"] = shell.backend.call("explain_task", {"task": name})["constraints"]
     shell.emit(cmd, ex, lambda: render.explanation_view(ex))
 
 

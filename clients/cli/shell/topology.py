@@ -1,7 +1,7 @@
 """The machine as the SKB holds it, rebuilt as a :class:`cod.facts.Machine`.
 
 One query reads every hardware fact of docs/skb-schema.md (``pu/4``,
-``core/4``, ``cache/4``, ``numa_node/3``, ...); :func:`machine_from_answer`
+``core/4``, ``cache/4``, ``numa_node/3``, ``numa_bandwidth/2``, ...); :func:`machine_from_answer`
 turns its answer back into the machine model that ``cod facts`` prints and
 the allocator's view groups, so the shell shows the topology the daemon plans
 on, through the code that made it.  No I/O here.
@@ -21,6 +21,7 @@ TOPOLOGY_QUERY = (
     "findall(k(L, T, S, Cs), cache(L, T, S, Cs), Caches), "
     "findall(n(N, M, Cs), numa_node(N, M, Cs), Nodes), "
     "findall(f(N, F), numa_free(N, F), Free), "
+    "findall(b(N, B), numa_bandwidth(N, B), Bandwidth), "
     "findall(d(A, B, D), node_distance(A, B, D), Distances), "
     "findall(k(P, Cs), package(P, Cs), Packages), "
     "( allowed_cpus(AllowedCpus) -> true ; AllowedCpus = unknown ), "
@@ -49,12 +50,13 @@ def machine_from_answer(answer: dict[str, Any], source: str = "skb") -> Machine:
     if not pus_raw:
         raise TopologyError("the SKB holds no CPUs (pu/4): no machine is loaded")
     free = {a[0]: a[1] for a in map(_args, answer.get("Free") or []) if isinstance(a[1], int)}
+    bandwidth = {a[0]: a[1] for a in map(_args, answer.get("Bandwidth") or []) if isinstance(a[1], int)}
     distances: dict[int, dict[int, int]] = {}
     for a, b, d in map(_args, answer.get("Distances") or []):
         distances.setdefault(a, {})[b] = d
     pus = [PU(c, co, _opt_int(p), _opt_int(n)) for c, co, p, n in map(_args, pus_raw)]
     pus += [PU(c, c, None, None, online=False) for c in answer.get("Offline") or []]
-    nodes = tuple(NumaNode(n, tuple(cs), _opt_int(m), free.get(n), distances.get(n, {}))
+    nodes = tuple(NumaNode(n, tuple(cs), _opt_int(m), free.get(n), distances.get(n, {}), bandwidth.get(n))
                   for n, m, cs in map(_args, answer.get("Nodes") or []))
     caches = tuple(Cache(lvl, str(kind), _opt_int(size), tuple(cs))
                    for lvl, kind, size, cs in map(_args, answer.get("Caches") or []))
