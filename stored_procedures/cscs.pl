@@ -1,13 +1,19 @@
-/*  CSCS initial deployment: the stored procedure of the COD paper's Listing 3.
+/*  CSCS's stored procedures: initial deployment (the COD paper's Listing 3)
+    and tuple redistribution (Section 7.4).
 */
 
 :- module(cscs,
-          [ dbos_cost_function/3     % -Status, -NrCores, -PartSize
+          [ dbos_cost_function/3,    % -Status, -NrCores, -PartSize
+            cscs_redistribute/5      % +Current, +Cores, -Status, -Parts, -Moves
           ]).
 :- use_module(library(lists)).
+:- use_module(library(apply)).
+:- use_module(library(pairs)).
+:- use_module(library(error)).
+:- use_module(library(aggregate)).
 :- use_module(cod_skb(cod_sys)).
 
-/** <module> CSCS deployment procedure (COD paper, Listing 3)
+/** <module> CSCS stored procedures (COD paper, Listing 3 and Section 7.4)
 
 A library procedure: preloaded by the SKB and callable by every
 application.  It is module-transparent: context_module/1 names the
@@ -66,3 +72,232 @@ dbos_cost_function(Status, NrCores, PartSize) :-
     ;   Memory > AvailMemory -> Status = 2
     ;   Status = 0
     ).
+
+
+		 /*******************************
+		 *     TUPLE REDISTRIBUTION     *
+		 *******************************/
+
+:- module_transparent cscs_redistribute/5.
+
+%!  cscs_redistribute(+Current, +Cores, -Status, -Parts, -Moves) is det.
+%
+%   Where the calling application's tuples go when its set of cores
+%   changes (COD paper, Section 7.4): CSCS calls this on an allocation
+%   upcall, before its next scan phase, and applies the answer.
+%
+%   Current is the partitions it has, a list of Cpu-Tuples; Cores is the
+%   list of CPUs it will have (the upcall's).  Parts is the new partitions,
+%   Cpu-Tuples for every CPU of Cores in that order, and Moves the tuples
+%   to move, a list of move(From, To, Tuples): each From gives Tuples from
+%   the tail of its partition to the end of To's.  A partition only gives
+%   or only takes.
+%
+%   1. Balance.  The slowest scan thread bounds a batch's response time,
+%      so every core gets an equal share, as far as memory allows.
+%   2. Memory.  Tuples moved onto a core need free memory on its NUMA
+%      node (memory_affinity/3; a node's free memory is shared equally by
+%      our cores there, and unknown free memory is not checked).  A core
+%      whose node is short takes what fits and the rest is spread evenly
+%      over the others (water filling).  The odd tuples of an uneven split
+%      go to the cores that hold most already (they move least).
+%   3. Locality.  The tuples a core gives go first to the cores closest
+%      to it: sharing its L1/L2 (SMT siblings), then its L3, then its NUMA
+%      node, then by node distance (cache/4, cpu_affinity/3,
+%      node_distance/3), so moved data stays in shared caches and on the
+%      node where it can.
+%
+%   Status is 0, or 2 when the tuples do not fit in the free memory of the
+%   new cores' nodes (then Parts and Moves are []).  The tuple size is the
+%   application's db_tsize/1.
+%
+%   @error type_error, domain_error for malformed Current or Cores (empty,
+%          negative counts, a CPU listed twice).
+%   @error existence_error(cpu, Cpu) for a CPU of Cores the SKB does not
+%          know.
+%   @error existence_error(procedure, db_tsize/1) if the application has
+%          not pushed its tuple size.
+cscs_redistribute(Current, Cores, Status, Parts, Moves) :-
+    context_module(App),
+    app_tuple_size(App, TSize),
+    redistribute(Current, Cores, TSize, Status, Parts, Moves).
+
+% Not transparent from here on: meta-calls (maplist/3 and friends) in a
+% transparent body would resolve their goals in the application's module.
+app_tuple_size(App, TSize) :-
+    (   catch(App:db_tsize(TSize), error(existence_error(procedure, _), _), fail)
+    ->  must_be(positive_integer, TSize)
+    ;   existence_error(procedure, db_tsize/1)
+    ).
+
+redistribute(Current, Cores, TSize, Status, Parts, Moves) :-
+    check_partitions(Current),
+    check_cores(Cores),
+    pairs_values(Current, Counts),
+    sum_list(Counts, Total),
+    maplist(core_cap(Current, Cores, TSize), Cores, Caps),
+    (   targets(Cores, Caps, Current, Total, Parts0)
+    ->  Status = 0,
+        Parts = Parts0,
+        redistribution_moves(Current, Parts, Moves)
+    ;   Status = 2,
+        Parts = [],
+        Moves = []
+    ).
+
+check_partitions(Current) :-
+    must_be(list, Current),
+    maplist(check_partition, Current),
+    pairs_keys(Current, Cpus),
+    distinct_cpus(Cpus).
+
+check_partition(Part) :-
+    (   Part = Cpu-Tuples
+    ->  must_be(nonneg, Cpu),
+        must_be(nonneg, Tuples)
+    ;   type_error(pair, Part)
+    ).
+
+check_cores(Cores) :-
+    must_be(list(nonneg), Cores),
+    (   Cores == []
+    ->  domain_error(non_empty_list, Cores)
+    ;   true
+    ),
+    distinct_cpus(Cores),
+    forall(member(Cpu, Cores),
+           (   cpu_affinity(Cpu, _, _)
+           ->  true
+           ;   existence_error(cpu, Cpu)
+           )).
+
+distinct_cpus(Cpus) :-
+    msort(Cpus, Sorted),
+    (   append(_, [C, C|_], Sorted)
+    ->  domain_error(distinct_cpus, Cpus)
+    ;   true
+    ).
+
+current_tuples(Current, Cpu, Tuples) :-
+    (   memberchk(Cpu-T, Current)
+    ->  Tuples = T
+    ;   Tuples = 0
+    ).
+
+%   core_cap(+Current, +Cores, +TSize, +Cpu, -Cap)
+%
+%   The most tuples Cpu's partition can hold: what it holds now plus its
+%   share of its node's free memory (inf when that is not known).
+core_cap(Current, Cores, TSize, Cpu, Cap) :-
+    current_tuples(Current, Cpu, Have),
+    cpu_affinity(Cpu, _, Node),
+    (   memory_affinity(Node, _, Free), integer(Free)
+    ->  aggregate_all(count, (member(C, Cores), cpu_affinity(C, _, Node)), Sharing),
+        Cap is Have + (Free // TSize) // Sharing
+    ;   Cap = inf
+    ).
+
+%   targets(+Cores, +Caps, +Current, +Total, -Parts) is semidet.
+%
+%   Water filling: fails if the caps cannot hold Total.
+targets(Cores, Caps, Current, Total, Parts) :-
+    pairs_keys_values(CoreCaps, Cores, Caps),
+    sort(2, @=<, CoreCaps, ByCap),       % inf sorts after every integer
+    fill(ByCap, Current, Total, Filled),
+    maplist(filled_part(Filled), Cores, Parts).
+
+filled_part(Filled, Cpu, Cpu-T) :-
+    memberchk(Cpu-T, Filled).
+
+fill([], _, 0, []).
+fill([Cpu-Cap|Rest], Current, Remaining, Filled) :-
+    length([Cpu-Cap|Rest], N),
+    Share is Remaining // N,
+    (   Cap \== inf, Cap =< Share
+    ->  Filled = [Cpu-Cap|Filled1],
+        Remaining1 is Remaining - Cap,
+        fill(Rest, Current, Remaining1, Filled1)
+    ;   % Every core left can take Share, and one more each for the odd
+        % tuples (their caps are all above Share): those go to the cores
+        % that hold most already, then to the lower CPU numbers.
+        Extra is Remaining mod N,
+        findall(Neg-C, ( member(C-_, [Cpu-Cap|Rest]),
+                         current_tuples(Current, C, H), Neg is -H ), Keyed),
+        keysort(Keyed, ByHolding0),
+        pairs_values(ByHolding0, ByHolding),
+        length(Odd, Extra),
+        append(Odd, _, ByHolding),
+        findall(C-T, ( member(C-_, [Cpu-Cap|Rest]),
+                       ( memberchk(C, Odd) -> T is Share + 1 ; T = Share ) ),
+                Filled)
+    ).
+
+%   redistribution_moves(+Current, +Parts, -Moves)
+%
+%   Givers in order (lost cores first, then by CPU), each giving to the
+%   takers closest to it first.
+redistribution_moves(Current, Parts, Moves) :-
+    findall(Lost-Cpu-Give,
+            ( member(Cpu-Have, Current),
+              (   memberchk(Cpu-Want, Parts) -> Lost = 1 ; Want = 0, Lost = 0 ),
+              Have > Want,
+              Give is Have - Want ),
+            Givers0),
+    msort(Givers0, Givers1),
+    findall(Cpu-Give, member(_-Cpu-Give, Givers1), Givers),
+    findall(Cpu-Need,
+            ( member(Cpu-Want, Parts),
+              current_tuples(Current, Cpu, Have),
+              Want > Have,
+              Need is Want - Have ),
+            Takers),
+    give_all(Givers, Takers, Moves).
+
+give_all([], _, []).
+give_all([From-Give|Givers], Takers0, Moves) :-
+    map_list_to_pairs(closeness(From), Takers0, Keyed),
+    keysort(Keyed, Ranked0),
+    pairs_values(Ranked0, Ranked),
+    give(Ranked, From, Give, Moves, Moves1, Takers1),
+    give_all(Givers, Takers1, Moves1).
+
+%   give(+Takers, +From, +Give, -Moves, ?Tail, -TakersLeft)
+give([], _, _, Moves, Moves, []).
+give([To-Need|Takers], From, Give, Moves, Tail, Left) :-
+    (   Give =:= 0
+    ->  Moves = Tail,
+        Left = [To-Need|Takers]
+    ;   N is min(Give, Need),
+        Moves = [move(From, To, N)|Moves1],
+        Give1 is Give - N,
+        Need1 is Need - N,
+        (   Need1 > 0
+        ->  Left = [To-Need1|Left1]
+        ;   Left = Left1
+        ),
+        give(Takers, From, Give1, Moves1, Tail, Left1)
+    ).
+
+%   closeness(+From, +To-Need, -Key)
+%
+%   Key = k(CacheLevel, Distance, To): the lowest cache level From and To
+%   share (4: none), the NUMA distance between their nodes (10: same
+%   node), then the CPU number.  An unknown From is far from everything.
+closeness(From, To-_, k(Level, Distance, To)) :-
+    (   aggregate_all(min(L), shared_cache_level(From, To, L), Level0), integer(Level0)
+    ->  Level = Level0
+    ;   Level = 4
+    ),
+    (   cpu_affinity(From, _, NF), cpu_affinity(To, _, NT)
+    ->  (   node_distance(NF, NT, D) -> Distance = D
+        ;   NF == NT -> Distance = 10
+        ;   Distance = 20
+        )
+    ;   Distance = 255
+    ).
+
+shared_cache_level(A, B, Level) :-
+    cache(Level, Type, _, Cpus),
+    Type \== instruction,
+    memberchk(A, Cpus),
+    memberchk(B, Cpus).

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "calibrate.h"
+#include "control.h"
 #include "cpulist.h"
 #include "run.h"
 
@@ -246,6 +247,14 @@ static int cmd_run(int argc, char **argv)
         status = usage_error("%s", "under COD (--socket) the cores come from COD: "
                                    "drop --cores, --cores-schedule and --control");
         goto out;
+    }
+    if (o.schedule) {
+        struct control *c;
+        if (control_open(o.schedule, NULL, &c, err, sizeof err) != 0) {
+            status = usage_error("--cores-schedule: %s", err);
+            goto out;
+        }
+        control_close(c);
     }
     if (o.cost_fn_path && !o.socket_path) {
         status = usage_error("%s", "--cost-fn is pushed to COD: it needs --socket");

@@ -1,0 +1,219 @@
+"""The CSCS engine end to end (clients/cscs): every answer of every batch
+against a plain reference scan in Python, across changes of cores with
+redistribution, and its command line's handling of bad input.
+
+The changes of cores come from the engine's test hook (--cores-schedule,
+--control); under COD they come from upcalls through the same runtime API.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cod.facts import discover
+from cod.facts.cpulist import format_cpulist
+from cod.skb import SKB
+from helpers import cscs_ref
+
+ALLOWED = sorted(os.sched_getaffinity(0))
+two_cpus = pytest.mark.skipif(len(ALLOWED) < 2, reason="needs two CPUs to change cores")
+
+
+@pytest.fixture(scope="module")
+def cscs() -> Path:
+    return cscs_ref.build("cscs")
+
+
+@pytest.fixture(scope="module")
+def cscs_asan() -> Path:
+    return cscs_ref.build("build/cscs_asan")
+
+
+def run(binary: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([str(binary), "run", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def cpulist(cpus: list[int]) -> str:
+    """As the engine prints CPU lists: ascending, runs as ranges."""
+    return format_cpulist(cpus)
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def check_run(tmp_path: Path, binary: Path, tuples: int, seed: int, *args: str) -> list[cscs_ref.Batch]:
+    results, table_csv = tmp_path / "results.txt", tmp_path / "batches.csv"
+    proc = run(binary, "--tuples", str(tuples), "--seed", str(seed), "--results", str(results),
+               "--csv", str(table_csv), *args)
+    assert proc.returncode == 0, proc.stderr
+    batches = cscs_ref.parse_results(results)
+    checked = cscs_ref.check_answers(cscs_ref.generate_table(seed, tuples), batches)
+    assert checked == sum(len(b.queries) for b in batches) > 0
+    # Queries found something: the check is not vacuous.
+    assert sum(len(q.answer) for b in batches for q in b.queries) > checked // 2
+    assert len(read_csv(table_csv)) == len(batches)
+    return batches
+
+
+@two_cpus
+@pytest.mark.parametrize("flavour", ["release", "asan"])
+def test_answers_match_reference_across_core_changes(tmp_path: Path, flavour: str, request) -> None:
+    binary = request.getfixturevalue("cscs" if flavour == "release" else "cscs_asan")
+    a, b = ALLOWED[0], ALLOWED[1]
+    both = cpulist([a, b])
+    schedule = f"#3={b};#5={both};#7={a};#9=plan {b}:1500 moves {a}>{b}:1500;#11={both}"
+    batches = check_run(tmp_path, binary, 1500, 7, "--batches", "12", "--batch-queries", "64",
+                        "--batch-updates", "16", "--cores", both, "--cores-schedule", schedule)
+    assert [x.cpus for x in batches] == [both, both, str(b), str(b), both, both, str(a), str(a),
+                                         str(b), str(b), both, both]
+
+
+def test_answers_match_reference_on_one_core_with_many_updates(tmp_path: Path, cscs: Path) -> None:
+    check_run(tmp_path, cscs, 997, 3, "--batches", "6", "--batch-queries", "40", "--batch-updates",
+              "200", "--cores", str(ALLOWED[0]))
+
+
+def test_naive_runs_one_scan_thread_on_every_core(tmp_path: Path, cscs: Path) -> None:
+    out = tmp_path / "naive.csv"
+    proc = run(cscs, "--tuples", "2000", "--batches", "3", "--naive", "--csv", str(out),
+               "--batch-queries", "8", "--batch-updates", "2")
+    assert proc.returncode == 0, proc.stderr
+    assert "naive" in proc.stdout
+    assert {int(r["cores"]) for r in read_csv(out)} == {len(ALLOWED)}
+
+
+def machine_skb() -> SKB:
+    skb = SKB()
+    skb.load_machine(discover.from_args())
+    skb.add_facts("cscs", ["db_tsize(315)"])
+    return skb
+
+
+def plan_line(answer: dict) -> str:
+    """The engine's text form of a cscs_redistribute/5 answer."""
+    parts = ",".join(f"{p['args'][0]}:{p['args'][1]}" for p in answer["P"])
+    moves = ",".join(f"{m['args'][0]}>{m['args'][1]}:{m['args'][2]}" for m in answer["M"])
+    return f"plan {parts}" + (f" moves {moves}" if moves else "")
+
+
+@two_cpus
+def test_redistribution_planned_by_the_stored_procedure(tmp_path: Path, cscs: Path) -> None:
+    """The plan comes from the SKB's cscs_redistribute/5 on this machine's
+    facts, reaches the engine through its control FIFO while it runs, and
+    every answer before and after still matches the reference."""
+    a, b = ALLOWED[0], ALLOWED[1]
+    tuples, seed = 2001, 11
+    fifo = tmp_path / "control"
+    os.mkfifo(fifo)
+    results, table_csv = tmp_path / "results.txt", tmp_path / "batches.csv"
+    proc = subprocess.Popen(
+        [str(cscs), "run", "--tuples", str(tuples), "--seed", str(seed), "--seconds", "60",
+         "--batch-queries", "64", "--batch-updates", "16", "--cores", cpulist([a, b]),
+         "--control", str(fifo), "--results", str(results), "--csv", str(table_csv)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with machine_skb() as skb, open(fifo, "w") as ctl:
+            # The engine split the table evenly: 1001 on a, 1000 on b.
+            layout = f"[{a}-1001, {b}-1000]"
+            [lose_a] = skb.execute_query("cscs", f"cscs_redistribute({layout}, [{b}], S, P, M)")
+            [back] = skb.execute_query("cscs", f"cscs_redistribute([{b}-2001], [{a}, {b}], S, P, M)")
+            assert lose_a["S"] == 0 and back["S"] == 0
+            for line in (plan_line(lose_a), plan_line(back), "stop"):
+                time.sleep(0.3)
+                ctl.write(line + "\n")
+                ctl.flush()
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, stderr
+    assert stdout.count("# reconfigure") == 2 and "refused" not in stdout, stdout
+    batches = cscs_ref.parse_results(results)
+    cscs_ref.check_answers(cscs_ref.generate_table(seed, tuples), batches)
+    seen = [x.cpus for x in batches]
+    assert str(b) in seen and seen[-1] == cpulist([a, b]), seen
+
+
+def test_refused_plan_changes_nothing(tmp_path: Path, cscs: Path) -> None:
+    proc = run(cscs, "--tuples", "1000", "--batches", "3", "--batch-queries", "8", "--batch-updates", "2",
+               "--cores", str(ALLOWED[0]), "--cores-schedule", f"#2=plan {ALLOWED[0]}:999",
+               "--results", str(tmp_path / "r.txt"))
+    assert proc.returncode == 0, proc.stderr
+    assert "refused" in proc.stdout and "999" in proc.stdout
+    batches = cscs_ref.parse_results(tmp_path / "r.txt")
+    cscs_ref.check_answers(cscs_ref.generate_table(1, 1000), batches)
+    assert {x.cpus for x in batches} == {str(ALLOWED[0])}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "needs --tuples"),
+        (["--tuples", "0", "--batches", "1"], "--tuples '0'"),
+        (["--tuples", "10x", "--batches", "1"], "--tuples '10x'"),
+        (["--tuples", "100"], "--seconds S or --batches B"),
+        (["--tuples", "100", "--seconds", "-1"], "--seconds '-1'"),
+        (["--tuples", "100", "--batches", "1", "--cores", "1-0"], "bad CPU list"),
+        (["--tuples", "100", "--batches", "1", "--naive", "--cores", "0"], "--naive"),
+        (["--tuples", "100", "--batches", "1", "--cores-schedule", "#0=0"], "schedule item"),
+        (["--tuples", "100", "--batches", "1", "--batch-queries", "0", "--batch-updates", "0"], "at least one"),
+        (["--tuples", "100", "--batches", "1", "--cost-fn", "x.pl"], "needs --socket"),
+        (["--tuples", "100", "--batches", "1", "--frobnicate"], "unrecognized option"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message(cscs: Path, args: list[str], message: str) -> None:
+    proc = run(cscs, *args)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert proc.stdout == ""
+
+
+def test_cores_not_allowed_are_refused(cscs: Path) -> None:
+    proc = run(cscs, "--tuples", "100", "--batches", "1", "--cores", "4000")
+    assert proc.returncode == 1 and "CPU 4000 is not one this process may run on" in proc.stderr
+
+
+def test_without_libcod_socket_is_refused_clearly(cscs: Path) -> None:
+    proc = run(cscs, "--tuples", "100", "--batches", "1", "--socket", "/nonexistent/cod.sock")
+    assert proc.returncode == 1 and "built without libcod" in proc.stderr
+
+
+def test_control_path_must_be_a_fifo(tmp_path: Path, cscs: Path) -> None:
+    (tmp_path / "plain").write_text("")
+    proc = run(cscs, "--tuples", "100", "--batches", "1", "--control", str(tmp_path / "plain"))
+    assert proc.returncode == 1 and "not a FIFO" in proc.stderr
+
+
+def test_calibrate_writes_a_cost_function_the_skb_uses(tmp_path: Path, cscs: Path) -> None:
+    out = tmp_path / "cost.pl"
+    proc = subprocess.run(
+        [str(cscs), "calibrate", "--cores", "1", "--tuples-per-core", "20k,80k", "--requests", "40,640",
+         "--batches", "3", "--out", str(out)],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    fit = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert fit["points"] == 4 and fit["a"] >= 0 and fit["b"] >= 0 and fit["rms_rel_err"] >= 0
+    assert "fit error" in out.read_text()
+    with machine_skb() as skb:
+        skb.add_facts("cscs", ["db_ntuple(1000000)", "db_nquery(2048)", "db_nupdate(512)", "db_rtime(1000)"])
+        skb.add_procedure("cscs", out.read_text())
+        [consts] = skb.execute_query("cscs", "db_cost_constants(A, B, C)")
+        assert consts["A"] == pytest.approx(fit["a"]) and consts["C"] == 3750000
+        [answer] = skb.execute_query("cscs", "dbos_cost_function(S, N, P)")
+        assert answer["N"] >= 1
+
+
+def test_calibrate_refuses_more_cores_than_allowed(cscs: Path) -> None:
+    proc = subprocess.run([str(cscs), "calibrate", "--cores", str(len(ALLOWED) + 1)],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and "may use 1 to" in proc.stderr
