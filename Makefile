@@ -10,6 +10,8 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 APT_PACKAGES := swi-prolog-nox hwloc gcc make libc6-dev
+# CSCS (clients/cscs): libnuma for partition placement, valgrind for its leak check.
+APT_PACKAGES += libnuma-dev valgrind
 PYTEST_ARGS ?=
 
 .PHONY: setup deps demo test bench clean
@@ -42,6 +44,7 @@ demo: setup
 	$(VPY) clients/python/examples/run_demo.py
 
 test: setup
+	$(MAKE) -C clients/cscs check
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup
