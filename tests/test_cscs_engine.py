@@ -12,7 +12,6 @@ import csv
 import json
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -92,6 +91,18 @@ def test_naive_runs_one_scan_thread_on_every_core(tmp_path: Path, cscs: Path) ->
     assert {int(r["cores"]) for r in read_csv(out)} == {len(ALLOWED)}
 
 
+def pinned_threads(pid: int) -> list[int]:
+    """The CPU of every thread of `pid` that is pinned to exactly one."""
+    cpus = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for line in (task / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                allowed = line.split()[1]
+                if allowed.isdigit():
+                    cpus.append(int(allowed))
+    return cpus
+
+
 def machine_skb() -> SKB:
     skb = SKB()
     skb.load_machine(discover.from_args())
@@ -128,10 +139,13 @@ def test_redistribution_planned_by_the_stored_procedure(tmp_path: Path, cscs: Pa
             [lose_a] = skb.execute_query("cscs", f"cscs_redistribute({layout}, [{b}], S, P, M)")
             [back] = skb.execute_query("cscs", f"cscs_redistribute([{b}-2001], [{a}, {b}], S, P, M)")
             assert lose_a["S"] == 0 and back["S"] == 0
+            time.sleep(0.3)
+            # Meanwhile: one scan thread pinned to each of its cores.
+            assert sorted(pinned_threads(proc.pid)) == [a, b]
             for line in (plan_line(lose_a), plan_line(back), "stop"):
-                time.sleep(0.3)
                 ctl.write(line + "\n")
                 ctl.flush()
+                time.sleep(0.3)
         stdout, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -203,7 +217,7 @@ def test_calibrate_writes_a_cost_function_the_skb_uses(tmp_path: Path, cscs: Pat
     assert proc.returncode == 0, proc.stderr
     fit = json.loads(proc.stdout.strip().splitlines()[-1])
     assert fit["points"] == 4 and fit["a"] >= 0 and fit["b"] >= 0 and fit["rms_rel_err"] >= 0
-    assert "fit error" in out.read_text()
+    assert "Fit error" in out.read_text()
     with machine_skb() as skb:
         skb.add_facts("cscs", ["db_ntuple(1000000)", "db_nquery(2048)", "db_nupdate(512)", "db_rtime(1000)"])
         skb.add_procedure("cscs", out.read_text())

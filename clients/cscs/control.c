@@ -1,4 +1,3 @@
-#define _GNU_SOURCE
 #include "control.h"
 
 #include <errno.h>

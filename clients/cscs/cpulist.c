@@ -1,4 +1,3 @@
-#define _GNU_SOURCE
 #include "cpulist.h"
 
 #include <errno.h>

@@ -1,4 +1,3 @@
-#define _GNU_SOURCE
 #include "engine.h"
 
 #include <errno.h>
@@ -31,7 +30,7 @@ struct scan_thread {
     const size_t *move_off;
     /* outcome of the last task */
     int rc;
-    double ms;
+    double ms, cpu_ms;
     size_t updated;
 };
 
@@ -55,7 +54,7 @@ static void run_task(struct scan_thread *t)
     struct engine *e = t->e;
     t->rc = 0;
     t->updated = 0;
-    double t0 = now_s();
+    double t0 = now_s(), c0 = thread_cpu_s();
     switch (t->task) {
     case TASK_GENERATE:
         t->rc = partition_generate(&t->part, e->seedh, e->nkeys, t->gen_first, t->gen_count);
@@ -75,6 +74,7 @@ static void run_task(struct scan_thread *t)
         break;
     }
     t->ms = (now_s() - t0) * 1e3;
+    t->cpu_ms = (thread_cpu_s() - c0) * 1e3;
 }
 
 static void *scan_thread_main(void *arg)
@@ -320,6 +320,8 @@ int engine_run_batch(struct engine *e, struct batch *b, struct batch_output *out
             st->scan_max_ms = t->ms;
         if (t->ms < st->scan_min_ms)
             st->scan_min_ms = t->ms;
+        if (t->cpu_ms > st->scan_max_cpu_ms)
+            st->scan_max_cpu_ms = t->cpu_ms;
         st->updated += t->updated;
     }
     /* The merge step reads the threads' result buffers in place. */

@@ -29,6 +29,9 @@ struct batch_stats {
     double index_ms;    /* building the predicate index */
     double scan_max_ms; /* the slowest scan thread: what the batch waits for */
     double scan_min_ms;
+    double scan_max_cpu_ms; /* the largest CPU time of a scan thread: the
+                               scan on cores of its own, without time other
+                               processes held them */
     double merge_ms;
     size_t matches, updated;
 };
