@@ -12,6 +12,7 @@ import csv
 import json
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -117,6 +118,49 @@ def plan_line(answer: dict) -> str:
     return f"plan {parts}" + (f" moves {moves}" if moves else "")
 
 
+class LiveEngine:
+    """`cscs run` in the background; its stdout read as it comes."""
+
+    def __init__(self, args: list[str]):
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        self._cv = threading.Condition()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._cv:
+                self.lines.append(line)
+                self._cv.notify_all()
+
+    def wait_for(self, pred, timeout: float = 30) -> None:
+        """Until pred(lines) holds (or fail after timeout)."""
+        with self._cv:
+            assert self._cv.wait_for(lambda: pred(self.lines) or self.proc.poll() is not None, timeout), \
+                "".join(self.lines)
+        assert pred(self.lines), "".join(self.lines)
+
+    def batches_after(self, marker: str) -> int:
+        """Batch lines printed after the last line containing marker."""
+        idx = max((i for i, l in enumerate(self.lines) if marker in l), default=None)
+        if idx is None:
+            return 0
+        return sum(1 for l in self.lines[idx + 1:] if l.split() and l.split()[0].isdigit())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def wait_pinned(pid: int, cpus: list[int], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while sorted(pinned_threads(pid)) != cpus:
+        assert time.monotonic() < deadline, (pinned_threads(pid), cpus)
+        time.sleep(0.05)
+
+
 @two_cpus
 def test_redistribution_planned_by_the_stored_procedure(tmp_path: Path, cscs: Path) -> None:
     """The plan comes from the SKB's cscs_redistribute/5 on this machine's
@@ -126,33 +170,36 @@ def test_redistribution_planned_by_the_stored_procedure(tmp_path: Path, cscs: Pa
     tuples, seed = 2001, 11
     fifo = tmp_path / "control"
     os.mkfifo(fifo)
-    results, table_csv = tmp_path / "results.txt", tmp_path / "batches.csv"
-    proc = subprocess.Popen(
-        [str(cscs), "run", "--tuples", str(tuples), "--seed", str(seed), "--seconds", "60",
+    results = tmp_path / "results.txt"
+    engine = LiveEngine(
+        [str(cscs), "run", "--tuples", str(tuples), "--seed", str(seed), "--seconds", "120",
          "--batch-queries", "64", "--batch-updates", "16", "--cores", cpulist([a, b]),
-         "--control", str(fifo), "--results", str(results), "--csv", str(table_csv)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+         "--control", str(fifo), "--results", str(results)])
     try:
         with machine_skb() as skb, open(fifo, "w") as ctl:
             # The engine split the table evenly: 1001 on a, 1000 on b.
-            layout = f"[{a}-1001, {b}-1000]"
-            [lose_a] = skb.execute_query("cscs", f"cscs_redistribute({layout}, [{b}], S, P, M)")
+            [lose_a] = skb.execute_query("cscs", f"cscs_redistribute([{a}-1001, {b}-1000], [{b}], S, P, M)")
             [back] = skb.execute_query("cscs", f"cscs_redistribute([{b}-2001], [{a}, {b}], S, P, M)")
             assert lose_a["S"] == 0 and back["S"] == 0
-            time.sleep(0.3)
-            # Meanwhile: one scan thread pinned to each of its cores.
-            assert sorted(pinned_threads(proc.pid)) == [a, b]
-            for line in (plan_line(lose_a), plan_line(back), "stop"):
+            assert lose_a["M"] == [{"functor": "move", "args": [a, b, 1001]}]
+            # One scan thread pinned to each of its cores, then to b alone.
+            wait_pinned(engine.proc.pid, [a, b])
+            for k, (line, cores) in enumerate(((plan_line(lose_a), [b]), (plan_line(back), [a, b]))):
+                # a few batches on the current cores first
+                marker = "# reconfigure" if k else "tput_req/s"
+                engine.wait_for(lambda lines: engine.batches_after(marker) >= 3)
                 ctl.write(line + "\n")
                 ctl.flush()
-                time.sleep(0.3)
-        stdout, stderr = proc.communicate(timeout=60)
+                engine.wait_for(lambda lines: sum("# reconfigure" in l for l in lines) == k + 1)
+                wait_pinned(engine.proc.pid, cores)
+            engine.wait_for(lambda lines: engine.batches_after("# reconfigure") >= 3)
+            ctl.write("stop\n")
+            ctl.flush()
+        assert engine.proc.wait(60) == 0, engine.proc.stderr.read()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, stderr
-    assert stdout.count("# reconfigure") == 2 and "refused" not in stdout, stdout
+        engine.stop()
+    out = "".join(engine.lines)
+    assert out.count("# reconfigure") == 2 and "refused" not in out, out
     batches = cscs_ref.parse_results(results)
     cscs_ref.check_answers(cscs_ref.generate_table(seed, tuples), batches)
     seen = [x.cpus for x in batches]
