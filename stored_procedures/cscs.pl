@@ -11,6 +11,8 @@
 :- use_module(library(pairs)).
 :- use_module(library(error)).
 :- use_module(library(aggregate)).
+:- use_module(library(assoc)).
+:- use_module(library(ordsets)).
 :- use_module(cod_skb(cod_sys)).
 
 /** <module> CSCS stored procedures (COD paper, Listing 3 and Section 7.4)
@@ -135,11 +137,15 @@ redistribute(Current, Cores, TSize, Status, Parts, Moves) :-
     check_cores(Cores),
     pairs_values(Current, Counts),
     sum_list(Counts, Total),
-    maplist(core_cap(Current, Cores, TSize), Cores, Caps),
-    (   targets(Cores, Caps, Current, Total, Parts0)
+    maplist(cpu_node, Cores, Nodes),
+    msort(Nodes, SortedNodes),
+    clumped_pairs(SortedNodes, Sharing),
+    list_to_assoc(Current, Held),
+    maplist(core_cap(Held, Sharing, TSize), Cores, Nodes, Caps),
+    (   targets(Cores, Caps, Held, Total, Parts0)
     ->  Status = 0,
         Parts = Parts0,
-        redistribution_moves(Current, Parts, Moves)
+        redistribution_moves(Current, Held, Parts, Moves)
     ;   Status = 2,
         Parts = [],
         Moves = []
@@ -178,68 +184,79 @@ distinct_cpus(Cpus) :-
     ;   true
     ).
 
-current_tuples(Current, Cpu, Tuples) :-
-    (   memberchk(Cpu-T, Current)
+%   current_tuples(+Held, +Cpu, -Tuples): Held is Current as an assoc.
+current_tuples(Held, Cpu, Tuples) :-
+    (   get_assoc(Cpu, Held, T)
     ->  Tuples = T
     ;   Tuples = 0
     ).
 
-%   core_cap(+Current, +Cores, +TSize, +Cpu, -Cap)
+cpu_node(Cpu, Node) :-
+    cpu_affinity(Cpu, _, Node).
+
+%   clumped_pairs(+Sorted, -Counts): Node-Count for each node in Sorted.
+clumped_pairs(Sorted, Counts) :-
+    clumped(Sorted, Counts).
+
+%   core_cap(+Held, +Sharing, +TSize, +Cpu, +Node, -Cap)
 %
 %   The most tuples Cpu's partition can hold: what it holds now plus its
-%   share of its node's free memory (inf when that is not known).
-core_cap(Current, Cores, TSize, Cpu, Cap) :-
-    current_tuples(Current, Cpu, Have),
-    cpu_affinity(Cpu, _, Node),
+%   share of its node's free memory (inf when that is not known).  Sharing
+%   is Node-Count, our new cores per node.
+core_cap(Held, Sharing, TSize, Cpu, Node, Cap) :-
+    current_tuples(Held, Cpu, Have),
     (   memory_affinity(Node, _, Free), integer(Free)
-    ->  aggregate_all(count, (member(C, Cores), cpu_affinity(C, _, Node)), Sharing),
-        Cap is Have + (Free // TSize) // Sharing
+    ->  memberchk(Node-N, Sharing),
+        Cap is Have + (Free // TSize) // N
     ;   Cap = inf
     ).
 
-%   targets(+Cores, +Caps, +Current, +Total, -Parts) is semidet.
+%   targets(+Cores, +Caps, +Held, +Total, -Parts) is semidet.
 %
 %   Water filling: fails if the caps cannot hold Total.
-targets(Cores, Caps, Current, Total, Parts) :-
+targets(Cores, Caps, Held, Total, Parts) :-
     pairs_keys_values(CoreCaps, Cores, Caps),
     sort(2, @=<, CoreCaps, ByCap),       % inf sorts after every integer
-    fill(ByCap, Current, Total, Filled),
-    maplist(filled_part(Filled), Cores, Parts).
+    fill(ByCap, Held, Total, Filled),
+    list_to_assoc(Filled, FilledA),
+    maplist(filled_part(FilledA), Cores, Parts).
 
 filled_part(Filled, Cpu, Cpu-T) :-
-    memberchk(Cpu-T, Filled).
+    get_assoc(Cpu, Filled, T).
 
 fill([], _, 0, []).
-fill([Cpu-Cap|Rest], Current, Remaining, Filled) :-
+fill([Cpu-Cap|Rest], Held, Remaining, Filled) :-
     length([Cpu-Cap|Rest], N),
     Share is Remaining // N,
     (   Cap \== inf, Cap =< Share
     ->  Filled = [Cpu-Cap|Filled1],
         Remaining1 is Remaining - Cap,
-        fill(Rest, Current, Remaining1, Filled1)
+        fill(Rest, Held, Remaining1, Filled1)
     ;   % Every core left can take Share, and one more each for the odd
         % tuples (their caps are all above Share): those go to the cores
         % that hold most already, then to the lower CPU numbers.
         Extra is Remaining mod N,
         findall(Neg-C, ( member(C-_, [Cpu-Cap|Rest]),
-                         current_tuples(Current, C, H), Neg is -H ), Keyed),
+                         current_tuples(Held, C, H), Neg is -H ), Keyed),
         keysort(Keyed, ByHolding0),
         pairs_values(ByHolding0, ByHolding),
-        length(Odd, Extra),
-        append(Odd, _, ByHolding),
+        length(Odd0, Extra),
+        append(Odd0, _, ByHolding),
+        list_to_ord_set(Odd0, Odd),
         findall(C-T, ( member(C-_, [Cpu-Cap|Rest]),
-                       ( memberchk(C, Odd) -> T is Share + 1 ; T = Share ) ),
+                       ( ord_memberchk(C, Odd) -> T is Share + 1 ; T = Share ) ),
                 Filled)
     ).
 
-%   redistribution_moves(+Current, +Parts, -Moves)
+%   redistribution_moves(+Current, +Held, +Parts, -Moves)
 %
 %   Givers in order (lost cores first, then by CPU), each giving to the
 %   takers closest to it first.
-redistribution_moves(Current, Parts, Moves) :-
-    findall(Lost-Cpu-Give,
+redistribution_moves(Current, Held, Parts, Moves) :-
+    list_to_assoc(Parts, Wanted),
+    findall(Stays-Cpu-Give,              % lost cores (Stays = 0) first
             ( member(Cpu-Have, Current),
-              (   memberchk(Cpu-Want, Parts) -> Lost = 1 ; Want = 0, Lost = 0 ),
+              (   get_assoc(Cpu, Wanted, Want) -> Stays = 1 ; Want = 0, Stays = 0 ),
               Have > Want,
               Give is Have - Want ),
             Givers0),
@@ -247,7 +264,7 @@ redistribution_moves(Current, Parts, Moves) :-
     findall(Cpu-Give, member(_-Cpu-Give, Givers1), Givers),
     findall(Cpu-Need,
             ( member(Cpu-Want, Parts),
-              current_tuples(Current, Cpu, Have),
+              current_tuples(Held, Cpu, Have),
               Want > Have,
               Need is Want - Have ),
             Takers),
@@ -255,7 +272,8 @@ redistribution_moves(Current, Parts, Moves) :-
 
 give_all([], _, []).
 give_all([From-Give|Givers], Takers0, Moves) :-
-    map_list_to_pairs(closeness(From), Takers0, Keyed),
+    giver_place(From, Place),
+    map_list_to_pairs(closeness(Place), Takers0, Keyed),
     keysort(Keyed, Ranked0),
     pairs_values(Ranked0, Ranked),
     give(Ranked, From, Give, Moves, Moves1, Takers1),
@@ -278,26 +296,33 @@ give([To-Need|Takers], From, Give, Moves, Tail, Left) :-
         give(Takers, From, Give1, Moves1, Tail, Left1)
     ).
 
-%   closeness(+From, +To-Need, -Key)
+%   giver_place(+From, -Place)
 %
-%   Key = k(CacheLevel, Distance, To): the lowest cache level From and To
-%   share (4: none), the NUMA distance between their nodes (10: same
-%   node), then the CPU number.  An unknown From is far from everything.
-closeness(From, To-_, k(Level, Distance, To)) :-
-    (   aggregate_all(min(L), shared_cache_level(From, To, L), Level0), integer(Level0)
-    ->  Level = Level0
+%   What closeness/3 needs of a giver, looked up once: place(Node,
+%   Caches) with the (data or unified) caches From is in, as Level-Cpus;
+%   Node is unknown for a CPU the SKB does not know (offline now).
+giver_place(From, place(Node, Caches)) :-
+    (   cpu_affinity(From, _, Node0) -> Node = Node0 ; Node = unknown ),
+    findall(L-Cpus,
+            ( cache(L, Type, _, Cpus), Type \== instruction, memberchk(From, Cpus) ),
+            Caches0),
+    msort(Caches0, Caches).
+
+%   closeness(+Place, +To-Need, -Key)
+%
+%   Key = k(CacheLevel, Distance, To): the lowest cache level the giver
+%   and To share (4: none), the NUMA distance between their nodes (10:
+%   same node), then the CPU number.  An unknown giver is far from all.
+closeness(place(NF, Caches), To-_, k(Level, Distance, To)) :-
+    (   member(L-Cpus, Caches), memberchk(To, Cpus)
+    ->  Level = L                          % Caches are sorted by level
     ;   Level = 4
     ),
-    (   cpu_affinity(From, _, NF), cpu_affinity(To, _, NT)
-    ->  (   node_distance(NF, NT, D) -> Distance = D
+    (   NF == unknown
+    ->  Distance = 255
+    ;   cpu_affinity(To, _, NT),
+        (   node_distance(NF, NT, D) -> Distance = D
         ;   NF == NT -> Distance = 10
         ;   Distance = 20
         )
-    ;   Distance = 255
     ).
-
-shared_cache_level(A, B, Level) :-
-    cache(Level, Type, _, Cpus),
-    Type \== instruction,
-    memberchk(A, Cpus),
-    memberchk(B, Cpus).
