@@ -215,6 +215,12 @@ core_cap(Held, Sharing, TSize, Cpu, Node, Cap) :-
 %
 %   Water filling: fails if the caps cannot hold Total.
 targets(Cores, Caps, Held, Total, Parts) :-
+    length(Cores, N),
+    Level is (Total + N - 1) // N,
+    \+ ( member(Cap, Caps), Cap \== inf, Cap < Level ),
+    !,                                   % no cap binds: an even split
+    even_split(Cores, Held, Total, Parts).
+targets(Cores, Caps, Held, Total, Parts) :-
     pairs_keys_values(CoreCaps, Cores, Caps),
     sort(2, @=<, CoreCaps, ByCap),       % inf sorts after every integer
     fill(ByCap, Held, Total, Filled),
@@ -233,20 +239,35 @@ fill([Cpu-Cap|Rest], Held, Remaining, Filled) :-
         Remaining1 is Remaining - Cap,
         fill(Rest, Held, Remaining1, Filled1)
     ;   % Every core left can take Share, and one more each for the odd
-        % tuples (their caps are all above Share): those go to the cores
-        % that hold most already, then to the lower CPU numbers.
-        Extra is Remaining mod N,
-        findall(Neg-C, ( member(C-_, [Cpu-Cap|Rest]),
-                         current_tuples(Held, C, H), Neg is -H ), Keyed),
+        % tuples (their caps are all above Share).
+        pairs_keys([Cpu-Cap|Rest], Left),
+        even_split(Left, Held, Remaining, Filled)
+    ).
+
+%   even_split(+Cores, +Held, +Total, -Parts)
+%
+%   Total // N tuples per core, and one more for the Total mod N odd
+%   ones, which go to the cores that hold most already (they move least),
+%   then to the lower CPU numbers.
+even_split(Cores, Held, Total, Parts) :-
+    length(Cores, N),
+    Share is Total // N,
+    Extra is Total mod N,
+    (   Extra =:= 0
+    ->  Odd = []
+    ;   findall(Neg-C, ( member(C, Cores), current_tuples(Held, C, H), Neg is -H ), Keyed),
         keysort(Keyed, ByHolding0),
         pairs_values(ByHolding0, ByHolding),
         length(Odd0, Extra),
         append(Odd0, _, ByHolding),
-        list_to_ord_set(Odd0, Odd),
-        findall(C-T, ( member(C-_, [Cpu-Cap|Rest]),
-                       ( ord_memberchk(C, Odd) -> T is Share + 1 ; T = Share ) ),
-                Filled)
-    ).
+        list_to_ord_set(Odd0, Odd)
+    ),
+    share_parts(Cores, Odd, Share, Parts).
+
+share_parts([], _, _, []).
+share_parts([C|Cs], Odd, Share, [C-T|Ps]) :-
+    (   ord_memberchk(C, Odd) -> T is Share + 1 ; T = Share ),
+    share_parts(Cs, Odd, Share, Ps).
 
 %   redistribution_moves(+Current, +Held, +Parts, -Moves)
 %
@@ -273,7 +294,7 @@ redistribution_moves(Current, Held, Parts, Moves) :-
 give_all([], _, []).
 give_all([From-Give|Givers], Takers0, Moves) :-
     giver_place(From, Place),
-    map_list_to_pairs(closeness(Place), Takers0, Keyed),
+    closeness_keys(Takers0, Place, Keyed),
     keysort(Keyed, Ranked0),
     pairs_values(Ranked0, Ranked),
     give(Ranked, From, Give, Moves, Moves1, Takers1),
@@ -307,6 +328,11 @@ giver_place(From, place(Node, Caches)) :-
             ( cache(L, Type, _, Cpus), Type \== instruction, memberchk(From, Cpus) ),
             Caches0),
     msort(Caches0, Caches).
+
+closeness_keys([], _, []).
+closeness_keys([T|Ts], Place, [K-T|Ks]) :-
+    closeness(Place, T, K),
+    closeness_keys(Ts, Place, Ks).
 
 %   closeness(+Place, +To-Need, -Key)
 %

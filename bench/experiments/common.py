@@ -159,6 +159,20 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
+def read_rows(path: Path) -> list[dict]:
+    """A CSV this package wrote, numbers as numbers (for --replot)."""
+    def value(v: str):
+        for conv in (int, float):
+            try:
+                return conv(v)
+            except ValueError:
+                pass
+        return {"True": True, "False": False}.get(v, v)
+
+    with path.open() as f:
+        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
 def pyplot():
     try:
         import matplotlib

@@ -17,7 +17,7 @@ static const char USAGE[] =
     "\n"
     "run: the engine with its closed-loop load generator; one line per batch\n"
     "  --tuples N            table size in tuples (315 B each; suffixes k, M, G)\n"
-    "  --seconds S           run this long\n"
+    "  --seconds S           run this long (counted from the first batch)\n"
     "  --batches B           run this many batches\n"
     "  --batch-queries Q     point queries per batch (default 2048)\n"
     "  --batch-updates U     updates per batch (default 512)\n"
