@@ -131,7 +131,7 @@ void result_buf_free(struct result_buf *r)
     memset(r, 0, sizeof *r);
 }
 
-static int result_append(struct result_buf *r, uint32_t q, const struct partition *p, size_t i)
+static int result_append(struct result_buf *r, uint32_t q, const struct chunk *c, size_t i)
 {
     if (r->n == r->cap) {
         size_t c = r->cap ? 2 * r->cap : 64;
@@ -146,26 +146,24 @@ static int result_append(struct result_buf *r, uint32_t q, const struct partitio
         r->cap = c;
     }
     r->qidx[r->n] = q;
-    partition_row(p, i, r->rows + r->n * CSCS_TUPLE_BYTES);
+    chunk_row(c, i, r->rows + r->n * CSCS_TUPLE_BYTES);
     r->n++;
     return 0;
 }
 
-static void apply_update(struct partition *p, size_t i, const struct update *u)
+static void apply_update(struct chunk *c, size_t i, const struct update *u)
 {
     if (cscs_schema[u->attr].type == CSCS_I32)
-        ((int32_t *)p->col[u->attr])[i] = (int32_t)(uint32_t)(uint64_t)u->value;
+        ((int32_t *)c->col[u->attr])[i] = (int32_t)(uint32_t)(uint64_t)u->value;
     else
-        ((int64_t *)p->col[u->attr])[i] = u->value;
+        ((int64_t *)c->col[u->attr])[i] = u->value;
 }
 
-size_t scan_partition(struct partition *p, const struct batch *b, struct result_buf *out)
+static size_t scan_chunk(struct chunk *c, const struct batch *b, struct result_buf *out)
 {
     const struct predicate_index *ix = &b->index;
-    const int64_t *keys = p->col[CSCS_ATTR_KEY];
-    size_t n = p->n, updated = 0;
-    out->n = 0;
-    out->failed = 0;
+    const int64_t *keys = c->col[CSCS_ATTR_KEY];
+    size_t n = c->n, updated = 0;
     for (size_t i = 0; i < n; i++) {
         int64_t k = keys[i];
         size_t h = slot_of(ix, k);
@@ -179,14 +177,24 @@ size_t scan_partition(struct partition *p, const struct batch *b, struct result_
             h = (h + 1) & ix->mask;
         }
         for (int32_t u = s->uhead; u >= 0; u = ix->unext[u]) {
-            apply_update(p, i, &b->u[u]);
+            apply_update(c, i, &b->u[u]);
             updated++;
         }
         for (int32_t q = s->qhead; q >= 0; q = ix->qnext[q])
-            if (result_append(out, (uint32_t)q, p, i) != 0)
+            if (result_append(out, (uint32_t)q, c, i) != 0)
                 out->failed = 1;
     next_tuple:;
     }
+    return updated;
+}
+
+size_t scan_partition(struct partition *p, const struct batch *b, struct result_buf *out)
+{
+    size_t updated = 0;
+    out->n = 0;
+    out->failed = 0;
+    for (size_t k = 0; k < p->nchunks; k++)
+        updated += scan_chunk(p->chunks[k], b, out);
     return updated;
 }
 

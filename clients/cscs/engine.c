@@ -12,6 +12,15 @@
 
 enum task { TASK_NONE, TASK_GENERATE, TASK_SCAN, TASK_MOVE_IN, TASK_EXIT };
 
+/* Part of a move: a whole chunk handed over (same node), or tuples
+ * [start, start + count) of a chunk copied by the receiving thread. */
+struct piece {
+    struct scan_thread *dst;
+    struct chunk *chunk;
+    size_t start, count;
+    int whole;
+};
+
 struct scan_thread {
     struct engine *e;
     pthread_t th;
@@ -24,10 +33,9 @@ struct scan_thread {
     /* TASK_GENERATE */
     uint64_t gen_first;
     size_t gen_count;
-    /* TASK_MOVE_IN: the plan's moves, their sources and offsets there */
-    const struct plan *plan;
-    struct scan_thread **move_src;
-    const size_t *move_off;
+    /* TASK_MOVE_IN: the pieces to copy (those whose dst is this thread) */
+    const struct piece *pieces;
+    size_t npieces;
     /* outcome of the last task */
     int rc;
     double ms, cpu_ms;
@@ -64,10 +72,10 @@ static void run_task(struct scan_thread *t)
         t->rc = t->res.failed ? -1 : 0;
         break;
     case TASK_MOVE_IN:
-        for (size_t m = 0; m < t->plan->nmoves && t->rc == 0; m++)
-            if (t->plan->moves[m].to == t->cpu)
-                t->rc = partition_append(&t->part, &t->move_src[m]->part, t->move_off[m],
-                                         t->plan->moves[m].tuples);
+        for (size_t k = 0; k < t->npieces && t->rc == 0; k++)
+            if (t->pieces[k].dst == t && !t->pieces[k].whole)
+                t->rc = partition_copy_in(&t->part, t->pieces[k].chunk, t->pieces[k].start,
+                                          t->pieces[k].count);
         break;
     case TASK_NONE:
     case TASK_EXIT:
@@ -121,9 +129,9 @@ static void set_tasks(struct engine *e, enum task task)
         e->threads[i]->task = task;
 }
 
-/* A new scan thread for `cpu`, waiting for the next phase, appended to
- * e->threads (whose array has room). */
-static int thread_start(struct engine *e, int cpu, size_t cap, char *err, size_t errlen)
+/* A new scan thread for `cpu` with an empty partition, waiting for the
+ * next phase, appended to e->threads (whose array has room). */
+static int thread_start(struct engine *e, int cpu, char *err, size_t errlen)
 {
     struct scan_thread *t = calloc(1, sizeof *t);
     if (!t) {
@@ -133,12 +141,7 @@ static int thread_start(struct engine *e, int cpu, size_t cap, char *err, size_t
     t->e = e;
     t->cpu = cpu;
     t->node = e->bind ? cpu_numa_node(cpu) : -1;
-    if (partition_init(&t->part, t->node, cap) != 0) {
-        snprintf(err, errlen, "cannot allocate a partition of %zu tuples on NUMA node %d",
-                 cap, t->node);
-        free(t);
-        return -1;
-    }
+    partition_init(&t->part, t->node);
     pthread_mutex_lock(&e->mu);
     t->seen = e->phase;
     pthread_mutex_unlock(&e->mu);
@@ -250,7 +253,7 @@ int engine_create(const struct engine_config *cfg, struct engine **out, char *er
     size_t first = 0;
     for (size_t i = 0; i < cfg->ncpus; i++) {
         size_t count = cfg->ntuples / cfg->ncpus + (i < cfg->ntuples % cfg->ncpus);
-        if (thread_start(e, cfg->cpus[i], count, err, errlen) != 0)
+        if (thread_start(e, cfg->cpus[i], err, errlen) != 0)
             goto fail;
         e->threads[i]->gen_first = first;
         e->threads[i]->gen_count = count;
@@ -390,15 +393,74 @@ static size_t plan_target(const struct plan *p, int cpu, int *found)
     return 0;
 }
 
+/* Cut the plan's moves into pieces: each source gives from the end of its
+ * chunk list backwards, whole chunks where they fit in the move and stay on
+ * their node, else the tail of a chunk.  Nothing changes yet.  Returns the
+ * number of pieces (at most nmoves + total chunks). */
+static size_t plan_pieces(struct engine *e, const struct plan *p, struct piece *out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < e->nthreads; i++) {
+        struct scan_thread *src = e->threads[i];
+        size_t ci = src->part.nchunks, left = 0; /* unassigned tuples of chunk ci - 1 */
+        for (size_t m = 0; m < p->nmoves; m++) {
+            if (p->moves[m].from != src->cpu)
+                continue;
+            struct scan_thread *dst = thread_of(e, p->moves[m].to);
+            size_t want = p->moves[m].tuples;
+            while (want > 0) {
+                if (left == 0) {
+                    ci--; /* plan_check vouched that the source holds enough */
+                    left = src->part.chunks[ci]->n;
+                }
+                struct chunk *c = src->part.chunks[ci];
+                size_t take = left < want ? left : want;
+                int whole = take == c->n && c->node == dst->part.node;
+                out[n++] = (struct piece){ dst, c, left - take, take, whole };
+                left -= take;
+                want -= take;
+            }
+        }
+    }
+    return n;
+}
+
+static int piece_whole_chunk(const struct piece *pieces, size_t n, const struct chunk *c)
+{
+    for (size_t k = 0; k < n; k++)
+        if (pieces[k].whole && pieces[k].chunk == c)
+            return 1;
+    return 0;
+}
+
+/* Drop a source's tuples beyond `keep`: chunks handed over whole are
+ * detached, copied ones freed, a partly given chunk shortened. */
+static void release_tail(struct partition *part, size_t keep, const struct piece *pieces, size_t n)
+{
+    while (part->n > keep) {
+        struct chunk *c = part->chunks[part->nchunks - 1];
+        size_t drop = part->n - keep;
+        if (drop < c->n) {
+            c->n -= drop;
+            part->n -= drop;
+        } else {
+            part->nchunks--;
+            part->n -= c->n;
+            if (!piece_whole_chunk(pieces, n, c))
+                chunk_free(c);
+        }
+    }
+}
+
 int engine_apply_plan(struct engine *e, const struct plan *p, struct reconfig_stats *st,
                       char *err, size_t errlen)
 {
     double t0 = now_s();
     memset(st, 0, sizeof *st);
     struct plan_part *cur = NULL;
-    size_t ncur = 0, old_n = e->nthreads;
-    struct scan_thread **src = NULL;
-    size_t *off = NULL;
+    size_t ncur = 0, old_n = e->nthreads, npieces = 0, nchunks = 0;
+    struct piece *pieces = NULL;
+    size_t *before = NULL;
     int *stop = NULL, rc = -1;
     if (engine_layout(e, &cur, &ncur) != 0) {
         snprintf(err, errlen, "out of memory");
@@ -419,14 +481,14 @@ int engine_apply_plan(struct engine *e, const struct plan *p, struct reconfig_st
         goto out;
     rc = -1;
 
-    /* 1. Scan threads for the new cores, their partitions sized already. */
+    /* 1. Scan threads for the new cores, with empty partitions. */
     if (grow_thread_array(e, e->nthreads + p->nparts) != 0) {
         snprintf(err, errlen, "out of memory");
         goto out;
     }
     for (size_t i = 0; i < p->nparts; i++)
         if (!thread_of(e, p->parts[i].cpu)) {
-            if (thread_start(e, p->parts[i].cpu, p->parts[i].tuples, err, errlen) != 0)
+            if (thread_start(e, p->parts[i].cpu, err, errlen) != 0)
                 goto undo;
             st->threads_started++;
         }
@@ -434,61 +496,73 @@ int engine_apply_plan(struct engine *e, const struct plan *p, struct reconfig_st
     run_phase(e);
     if (check_pinned(e, old_n, err, errlen) != 0)
         goto undo;
-    /* 2. Room in the partitions that grow (numa_realloc, same node). */
-    for (size_t i = 0; i < old_n; i++) {
-        int found;
-        size_t want = plan_target(p, e->threads[i]->cpu, &found);
-        if (found && partition_reserve(&e->threads[i]->part, want) != 0) {
-            snprintf(err, errlen, "cannot grow the partition of CPU %d to %zu tuples on NUMA node %d",
-                     e->threads[i]->cpu, want, e->threads[i]->node);
-            goto undo;
-        }
-    }
-    /* 3. Each growing partition's thread copies its incoming tuples, from
-     * the tails of the shrinking partitions (read-only meanwhile), onto its
-     * own core and node.  Nothing below can fail. */
-    src = calloc(p->nmoves + 1, sizeof *src);
-    off = calloc(p->nmoves + 1, sizeof *off);
+    /* 2. The pieces, and room for the chunk pointers handed over whole, so
+     * that handing them over after the copies cannot fail. */
+    for (size_t i = 0; i < e->nthreads; i++)
+        nchunks += e->threads[i]->part.nchunks;
+    pieces = calloc(p->nmoves + nchunks + 1, sizeof *pieces);
+    before = calloc(e->nthreads, sizeof *before);
     stop = calloc(e->nthreads, sizeof *stop);
-    if (!src || !off || !stop) {
+    if (!pieces || !before || !stop) {
         snprintf(err, errlen, "out of memory");
         goto undo;
     }
-    for (size_t m = 0; m < p->nmoves; m++) {
-        int found;
-        src[m] = thread_of(e, p->moves[m].from);
-        off[m] = plan_target(p, p->moves[m].from, &found);
-        for (size_t k = 0; k < m; k++)
-            if (p->moves[k].from == p->moves[m].from)
-                off[m] += p->moves[k].tuples;
-        st->tuples_moved += p->moves[m].tuples;
+    npieces = plan_pieces(e, p, pieces);
+    for (size_t i = 0; i < e->nthreads; i++) {
+        struct partition *part = &e->threads[i]->part;
+        size_t whole = 0;
+        for (size_t k = 0; k < npieces; k++)
+            whole += pieces[k].whole && pieces[k].dst == e->threads[i];
+        if (part->nchunks + whole > part->cap_chunks) {
+            struct chunk **m = realloc(part->chunks, (part->nchunks + whole) * sizeof *m);
+            if (!m) {
+                snprintf(err, errlen, "out of memory");
+                goto undo;
+            }
+            part->chunks = m;
+            part->cap_chunks = part->nchunks + whole;
+        }
+        before[i] = part->n;
     }
+    /* 3. Each receiving thread copies its pieces (partial chunks, other
+     * nodes) onto its own core and node, from sources that stay read-only
+     * meanwhile. */
     for (size_t i = 0; i < e->nthreads; i++) {
         struct scan_thread *t = e->threads[i];
         t->task = TASK_MOVE_IN;
-        t->plan = p;
-        t->move_src = src;
-        t->move_off = off;
+        t->pieces = pieces;
+        t->npieces = npieces;
     }
     run_phase(e);
     for (size_t i = 0; i < e->nthreads; i++)
         if (e->threads[i]->rc != 0) {
-            /* Room was reserved and plan_check vouched for every range. */
-            fprintf(stderr, "cscs: bug: moving tuples into CPU %d failed after checks\n",
-                    e->threads[i]->cpu);
-            abort();
+            for (size_t k = 0; k < e->nthreads; k++)
+                partition_truncate(&e->threads[k]->part, before[k]);
+            snprintf(err, errlen, "out of memory copying tuples to CPU %d's NUMA node %d",
+                     e->threads[i]->cpu, e->threads[i]->node);
+            goto undo;
         }
-    /* 4. Shrink the partitions that gave tuples; stop the lost cores. */
+    /* 4. Nothing below can fail: whole chunks change hands, the sources
+     * give up what they gave, the lost cores' threads stop. */
+    for (size_t k = 0; k < npieces; k++)
+        if (pieces[k].whole) {
+            partition_adopt(&pieces[k].dst->part, pieces[k].chunk);
+            st->chunks_handed_over++;
+        }
+    for (size_t m = 0; m < p->nmoves; m++)
+        st->tuples_moved += p->moves[m].tuples;
     for (size_t i = 0; i < e->nthreads; i++) {
         struct scan_thread *t = e->threads[i];
         int found;
         size_t want = plan_target(p, t->cpu, &found);
+        int gives = 0;
+        for (size_t m = 0; m < p->nmoves; m++)
+            gives |= p->moves[m].from == t->cpu;
+        if (gives)
+            release_tail(&t->part, found ? want : 0, pieces, npieces);
         if (!found) {
             stop[i] = 1;
             st->threads_stopped++;
-        } else if (t->part.n > want) {
-            t->part.n = want;
-            partition_shrink_to_fit(&t->part);
         }
     }
     threads_stop(e, stop);
@@ -504,7 +578,7 @@ int engine_apply_plan(struct engine *e, const struct plan *p, struct reconfig_st
     rc = 0;
     goto out;
 undo:
-    /* Nothing moved yet: drop the threads started for this plan. */
+    /* Nothing moved: drop the threads started for this plan. */
     if (e->nthreads > old_n) {
         int *drop = calloc(e->nthreads, sizeof *drop);
         if (drop) {
@@ -516,8 +590,8 @@ undo:
     }
 out:
     free(cur);
-    free(src);
-    free(off);
+    free(pieces);
+    free(before);
     free(stop);
     st->ms = (now_s() - t0) * 1e3;
     return rc;

@@ -39,6 +39,7 @@ struct batch_stats {
 struct reconfig_stats {
     double ms;
     size_t tuples_moved;
+    size_t chunks_handed_over; /* moved whole, without copying */
     size_t threads_started, threads_stopped;
 };
 

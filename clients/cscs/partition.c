@@ -22,163 +22,174 @@ int cpu_numa_node(int cpu)
     return node < 0 ? 0 : node;
 }
 
-/* Columns are never empty allocations: room for at least one tuple keeps
- * every pointer valid and numa_realloc happy. */
-static size_t column_bytes(int attr, size_t cap)
+/* Column offsets in a chunk's block, each column cache-line aligned. */
+static size_t column_offset[CSCS_NATTR];
+static size_t chunk_bytes;
+
+static void layout_init(void)
 {
-    return (cap ? cap : 1) * cscs_schema[attr].width;
+    size_t off = 0;
+    for (int a = 0; a < CSCS_NATTR; a++) {
+        column_offset[a] = off;
+        off += (CSCS_CHUNK_TUPLES * cscs_schema[a].width + 63) & ~(size_t)63;
+    }
+    chunk_bytes = off;
 }
 
-/* Large columns on transparent huge pages where the kernel offers them
- * only on request ("madvise" mode): a scan walks columns of hundreds of
- * megabytes, and materialising one matching row touches all 48 columns,
- * a TLB miss each on 4 KiB pages.  Advice only: failure changes nothing. */
-#define HUGE_PAGE_BYTES (2u << 20)
-
-static void *advise_huge(void *mem, size_t bytes)
+/* A chunk's block goes on transparent huge pages where the kernel offers
+ * them only on request ("madvise" mode): a scan walks all of it, and
+ * materialising one matching row touches all 48 columns, a TLB miss each on
+ * 4 KiB pages.  Advice only: failure changes nothing. */
+static struct chunk *chunk_new(int node)
 {
-    if (mem && bytes >= HUGE_PAGE_BYTES)
-        (void)madvise(mem, bytes, MADV_HUGEPAGE);
-    return mem;
+    if (chunk_bytes == 0)
+        layout_init();
+    struct chunk *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->node = node;
+    c->bytes = chunk_bytes;
+    if (node >= 0 && numa_binding_available()) {
+        c->mem = numa_alloc_onnode(chunk_bytes, node);
+        if (c->mem)
+            (void)madvise(c->mem, chunk_bytes, MADV_HUGEPAGE);
+    } else {
+        c->mem = malloc(chunk_bytes);
+    }
+    if (!c->mem) {
+        free(c);
+        return NULL;
+    }
+    for (int a = 0; a < CSCS_NATTR; a++)
+        c->col[a] = (uint8_t *)c->mem + column_offset[a];
+    return c;
 }
 
-static void *column_alloc(int node, size_t bytes)
+void chunk_free(struct chunk *c)
 {
-    if (node >= 0 && numa_binding_available())
-        return advise_huge(numa_alloc_onnode(bytes, node), bytes);
-    return malloc(bytes);
-}
-
-static void *column_realloc(int node, void *old, size_t old_bytes, size_t bytes)
-{
-    if (node >= 0 && numa_binding_available())
-        return advise_huge(numa_realloc(old, old_bytes, bytes), bytes);
-    return realloc(old, bytes);
-}
-
-static void column_free(int node, void *mem, size_t bytes)
-{
-    if (!mem)
+    if (!c)
         return;
-    if (node >= 0 && numa_binding_available())
-        numa_free(mem, bytes);
+    if (c->node >= 0 && numa_binding_available())
+        numa_free(c->mem, c->bytes);
     else
-        free(mem);
+        free(c->mem);
+    free(c);
 }
 
-int partition_init(struct partition *p, int node, size_t cap)
+void partition_init(struct partition *p, int node)
 {
     memset(p, 0, sizeof *p);
     p->node = node;
-    p->cap = cap;
-    for (int a = 0; a < CSCS_NATTR; a++) {
-        p->col_bytes[a] = column_bytes(a, cap);
-        p->col[a] = column_alloc(node, p->col_bytes[a]);
-        if (!p->col[a]) {
-            partition_free(p);
-            errno = ENOMEM;
-            return -1;
-        }
-    }
-    return 0;
-}
-
-/* Tuples every column has room for. */
-static size_t common_capacity(const struct partition *p)
-{
-    size_t cap = SIZE_MAX;
-    for (int a = 0; a < CSCS_NATTR; a++) {
-        size_t c = p->col_bytes[a] / cscs_schema[a].width;
-        if (c < cap)
-            cap = c;
-    }
-    return cap;
-}
-
-/* Every column to room for `cap` tuples (never fewer than p->n).  On
- * failure the columns already resized keep their new size (col_bytes says
- * so) and p->cap becomes what every column has room for: the data is
- * intact and later appends still reserve before they write. */
-static int partition_resize(struct partition *p, size_t cap)
-{
-    for (int a = 0; a < CSCS_NATTR; a++) {
-        size_t bytes = column_bytes(a, cap);
-        if (bytes == p->col_bytes[a])
-            continue;
-        void *m = column_realloc(p->node, p->col[a], p->col_bytes[a], bytes);
-        if (!m) {
-            p->cap = common_capacity(p);
-            errno = ENOMEM;
-            return -1;
-        }
-        p->col[a] = m;
-        p->col_bytes[a] = bytes;
-    }
-    p->cap = cap;
-    return 0;
-}
-
-int partition_reserve(struct partition *p, size_t cap)
-{
-    if (cap <= p->cap)
-        return 0;
-    return partition_resize(p, cap);
-}
-
-int partition_shrink_to_fit(struct partition *p)
-{
-    if (p->n >= p->cap)
-        return 0;
-    return partition_resize(p, p->n);
 }
 
 void partition_free(struct partition *p)
 {
-    for (int a = 0; a < CSCS_NATTR; a++) {
-        column_free(p->node, p->col[a], p->col_bytes[a]);
-        p->col[a] = NULL;
-        p->col_bytes[a] = 0;
+    for (size_t i = 0; i < p->nchunks; i++)
+        chunk_free(p->chunks[i]);
+    free(p->chunks);
+    partition_init(p, p->node);
+}
+
+int partition_adopt(struct partition *p, struct chunk *c)
+{
+    if (p->nchunks == p->cap_chunks) {
+        size_t cap = p->cap_chunks ? 2 * p->cap_chunks : 8;
+        struct chunk **m = realloc(p->chunks, cap * sizeof *m);
+        if (!m) {
+            errno = ENOMEM;
+            return -1;
+        }
+        p->chunks = m;
+        p->cap_chunks = cap;
     }
-    p->n = p->cap = 0;
+    p->chunks[p->nchunks++] = c;
+    p->n += c->n;
+    return 0;
+}
+
+/* The chunk to append to: the last one if it has room, else a new one. */
+static struct chunk *tail_with_room(struct partition *p)
+{
+    if (p->nchunks && p->chunks[p->nchunks - 1]->n < CSCS_CHUNK_TUPLES)
+        return p->chunks[p->nchunks - 1];
+    struct chunk *c = chunk_new(p->node);
+    if (!c || partition_adopt(p, c) != 0) {
+        chunk_free(c);
+        errno = ENOMEM;
+        return NULL;
+    }
+    return c;
 }
 
 int partition_generate(struct partition *p, uint64_t seedh, uint64_t nkeys,
                        uint64_t first_id, size_t count)
 {
-    if (partition_reserve(p, p->n + count) != 0)
-        return -1;
-    for (int a = 0; a < CSCS_NATTR; a++) {
-        uint16_t w = cscs_schema[a].width;
-        uint8_t *c = (uint8_t *)p->col[a] + p->n * w;
-        for (size_t i = 0; i < count; i++)
-            cscs_gen_value(seedh, nkeys, first_id + i, a, c + i * w);
+    while (count > 0) {
+        struct chunk *c = tail_with_room(p);
+        if (!c)
+            return -1;
+        size_t k = CSCS_CHUNK_TUPLES - c->n;
+        if (k > count)
+            k = count;
+        for (int a = 0; a < CSCS_NATTR; a++) {
+            uint16_t w = cscs_schema[a].width;
+            uint8_t *col = (uint8_t *)c->col[a] + c->n * w;
+            for (size_t i = 0; i < k; i++)
+                cscs_gen_value(seedh, nkeys, first_id + i, a, col + i * w);
+        }
+        c->n += k;
+        p->n += k;
+        first_id += k;
+        count -= k;
     }
-    p->n += count;
     return 0;
 }
 
-int partition_append(struct partition *dst, const struct partition *src,
-                     size_t src_first, size_t count)
+int partition_copy_in(struct partition *p, const struct chunk *src, size_t start, size_t count)
 {
-    if (src_first > src->n || count > src->n - src_first) {
+    if (start > src->n || count > src->n - start) {
         errno = EINVAL;
         return -1;
     }
-    if (partition_reserve(dst, dst->n + count) != 0)
-        return -1;
-    for (int a = 0; a < CSCS_NATTR; a++) {
-        uint16_t w = cscs_schema[a].width;
-        memcpy((uint8_t *)dst->col[a] + dst->n * w,
-               (const uint8_t *)src->col[a] + src_first * w, count * w);
+    while (count > 0) {
+        struct chunk *c = tail_with_room(p);
+        if (!c)
+            return -1;
+        size_t k = CSCS_CHUNK_TUPLES - c->n;
+        if (k > count)
+            k = count;
+        for (int a = 0; a < CSCS_NATTR; a++) {
+            uint16_t w = cscs_schema[a].width;
+            memcpy((uint8_t *)c->col[a] + c->n * w, (const uint8_t *)src->col[a] + start * w, k * w);
+        }
+        c->n += k;
+        p->n += k;
+        start += k;
+        count -= k;
     }
-    dst->n += count;
     return 0;
 }
 
-void partition_row(const struct partition *p, size_t i, uint8_t *row)
+void partition_truncate(struct partition *p, size_t n)
+{
+    while (p->n > n) {
+        struct chunk *c = p->chunks[p->nchunks - 1];
+        size_t drop = p->n - n;
+        if (drop >= c->n) {
+            p->n -= c->n;
+            p->nchunks--;
+            chunk_free(c);
+        } else {
+            c->n -= drop;
+            p->n -= drop;
+        }
+    }
+}
+
+void chunk_row(const struct chunk *c, size_t i, uint8_t *row)
 {
     for (int a = 0; a < CSCS_NATTR; a++) {
         uint16_t w = cscs_schema[a].width;
-        memcpy(row + cscs_schema[a].offset, (const uint8_t *)p->col[a] + i * w, w);
+        memcpy(row + cscs_schema[a].offset, (const uint8_t *)c->col[a] + i * w, w);
     }
 }

@@ -1,5 +1,12 @@
-/* A horizontal partition of the table, stored column by column in memory
- * bound to one NUMA node (the node of the core whose scan thread owns it). */
+/* A horizontal partition of the table: a list of chunks, each holding up
+ * to CSCS_CHUNK_TUPLES tuples column by column in one block of memory bound
+ * to one NUMA node (the node of the core that filled it).
+ *
+ * Chunks make redistribution cheap: tuples that move between partitions on
+ * the same node move as whole chunks (a pointer, no copy, no page faults);
+ * only partial chunks and moves to another node are copied, by the thread
+ * that receives them, into memory on its own node.  Tuples have no order in
+ * a partition. */
 #ifndef CSCS_PARTITION_H
 #define CSCS_PARTITION_H
 
@@ -8,12 +15,22 @@
 
 #include "schema.h"
 
-struct partition {
-    int node;      /* NUMA node its memory is bound to; -1: no binding */
-    size_t n;      /* tuples held */
-    size_t cap;    /* tuples the columns have room for */
+/* 64 Ki tuples: 20.6 MB per chunk, 512 KiB of key column. */
+#define CSCS_CHUNK_TUPLES ((size_t)1 << 16)
+
+struct chunk {
+    size_t n;    /* tuples held, at most CSCS_CHUNK_TUPLES */
+    int node;    /* NUMA node of its memory; -1: default policy */
+    void *mem;   /* one block for all columns */
+    size_t bytes;
     void *col[CSCS_NATTR];
-    size_t col_bytes[CSCS_NATTR]; /* bytes allocated for each column */
+};
+
+struct partition {
+    int node;    /* where new chunks go; -1: default policy */
+    size_t n;    /* tuples, over all chunks */
+    struct chunk **chunks;
+    size_t nchunks, cap_chunks;
 };
 
 /* Whether memory can be bound to nodes here (libnuma and a NUMA kernel). */
@@ -21,28 +38,25 @@ int numa_binding_available(void);
 /* The NUMA node of a CPU (0 when the machine has no NUMA information). */
 int cpu_numa_node(int cpu);
 
-/* An empty partition on `node` (-1: default policy) with room for `cap`
- * tuples.  Returns 0, or -1 with errno set (ENOMEM). */
-int partition_init(struct partition *p, int node, size_t cap);
-/* Grow the columns to room for at least `cap` tuples, keeping the data and
- * the node binding (libnuma's numa_realloc moves pages without copying). */
-int partition_reserve(struct partition *p, size_t cap);
-/* Give memory back once the partition has shrunk to `n` tuples. */
-int partition_shrink_to_fit(struct partition *p);
+void partition_init(struct partition *p, int node);
 void partition_free(struct partition *p);
 
-/* Append tuples first_id .. first_id + count - 1, freshly generated. */
+/* Append tuples first_id .. first_id + count - 1, freshly generated.
+ * Returns 0, or -1 with errno ENOMEM (the tuples appended so far stay). */
 int partition_generate(struct partition *p, uint64_t seedh, uint64_t nkeys,
                        uint64_t first_id, size_t count);
-/* Append `count` tuples of src starting at src_first (every column). */
-int partition_append(struct partition *dst, const struct partition *src,
-                     size_t src_first, size_t count);
-/* The tuple at `i` as a row of CSCS_TUPLE_BYTES, attributes in schema order. */
-void partition_row(const struct partition *p, size_t i, uint8_t *row);
+/* Copy `count` tuples of chunk c from index `start` to p, into p's last
+ * chunk and new chunks on p's node.  Returns 0 or -1 (ENOMEM). */
+int partition_copy_in(struct partition *p, const struct chunk *c, size_t start, size_t count);
+/* Append a whole chunk (taken from another partition). */
+int partition_adopt(struct partition *p, struct chunk *c);
+/* Keep the first `n` tuples (in chunk order): later chunks are freed, the
+ * chunk holding the n-th tuple shortened.  For undoing an append. */
+void partition_truncate(struct partition *p, size_t n);
 
-static inline int64_t partition_key(const struct partition *p, size_t i)
-{
-    return ((const int64_t *)p->col[CSCS_ATTR_KEY])[i];
-}
+/* The tuple at `i` of chunk c as a row of CSCS_TUPLE_BYTES, attributes in
+ * schema order. */
+void chunk_row(const struct chunk *c, size_t i, uint8_t *row);
+void chunk_free(struct chunk *c);
 
 #endif

@@ -442,10 +442,10 @@ int cscs_run(const struct run_options *o)
                        (unsigned long long)seq, cmd.source, cerr);
             } else {
                 layout_text(e, after, sizeof after);
-                printf("# reconfigure before batch %llu (%s): cores %s -> %s: %zu tuples moved, "
-                       "%zu scan threads started, %zu stopped, %.1f ms\n",
+                printf("# reconfigure before batch %llu (%s): cores %s -> %s: %zu tuples moved "
+                       "(%zu chunks handed over whole), %zu scan threads started, %zu stopped, %.1f ms\n",
                        (unsigned long long)seq, cmd.source, before, after, rs.tuples_moved,
-                       rs.threads_started, rs.threads_stopped, rs.ms);
+                       rs.chunks_handed_over, rs.threads_started, rs.threads_stopped, rs.ms);
                 reconfig_ms += rs.ms;
                 sum.reconfigs++;
                 sum.reconfig_ms += rs.ms;

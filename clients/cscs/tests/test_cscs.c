@@ -178,43 +178,57 @@ static void test_plan_check(void)
 
 /* ---- partitions ----------------------------------------------------------- */
 
+static int row_is_generated(uint64_t h, uint64_t nk, const uint8_t *row)
+{
+    int64_t id = row_id(row);
+    for (int a = 0; a < CSCS_NATTR; a++) {
+        uint8_t v[64];
+        cscs_gen_value(h, nk, (uint64_t)id, a, v);
+        if (memcmp(v, row + cscs_schema[a].offset, cscs_schema[a].width) != 0)
+            return 0;
+    }
+    return 1;
+}
+
 static void test_partition(void)
 {
     struct partition p, q;
-    uint64_t h = cscs_seed_hash(9), nk = cscs_nkeys(300);
-    CHECK(partition_init(&p, cpu_numa_node(0), 0) == 0);
-    CHECK(partition_generate(&p, h, nk, 0, 300) == 0 && p.n == 300 && p.cap >= 300);
-    CHECK(partition_init(&q, -1, 10) == 0);
-    CHECK(partition_append(&q, &p, 250, 50) == 0 && q.n == 50);
-    CHECK(partition_append(&q, &p, 290, 11) == -1 && errno == EINVAL && q.n == 50);
-    uint8_t r1[CSCS_TUPLE_BYTES], r2[CSCS_TUPLE_BYTES];
-    partition_row(&p, 260, r1);
-    partition_row(&q, 10, r2);
-    CHECK(memcmp(r1, r2, CSCS_TUPLE_BYTES) == 0 && row_id(r1) == 260);
-    /* Every attribute of a row is the generator's. */
-    int ok = 1;
-    for (int a = 0; a < CSCS_NATTR; a++) {
-        uint8_t v[64];
-        cscs_gen_value(h, nk, 260, a, v);
-        ok &= memcmp(v, r1 + cscs_schema[a].offset, cscs_schema[a].width) == 0;
-    }
-    CHECK(ok);
-    q.n = 20;
-    CHECK(partition_shrink_to_fit(&q) == 0 && q.cap == 20);
-    partition_row(&q, 10, r2);
-    CHECK(memcmp(r1, r2, CSCS_TUPLE_BYTES) == 0);
-    CHECK(partition_reserve(&q, 5000) == 0 && q.cap == 5000 && q.n == 20);
-    partition_row(&q, 10, r2);
-    CHECK(memcmp(r1, r2, CSCS_TUPLE_BYTES) == 0);
+    const size_t n = CSCS_CHUNK_TUPLES + 300; /* two chunks, the second partial */
+    uint64_t h = cscs_seed_hash(9), nk = cscs_nkeys(n);
+    partition_init(&p, cpu_numa_node(0));
+    CHECK(partition_generate(&p, h, nk, 0, n) == 0 && p.n == n && p.nchunks == 2);
+    CHECK(p.chunks[0]->n == CSCS_CHUNK_TUPLES && p.chunks[1]->n == 300);
+    uint8_t row[CSCS_TUPLE_BYTES];
+    chunk_row(p.chunks[1], 10, row);
+    CHECK(row_id(row) == (int64_t)CSCS_CHUNK_TUPLES + 10 && row_is_generated(h, nk, row));
+    /* Copies fill the receiver's last chunk, then new ones. */
+    partition_init(&q, -1);
+    CHECK(partition_copy_in(&q, p.chunks[1], 250, 50) == 0 && q.n == 50 && q.nchunks == 1);
+    CHECK(partition_copy_in(&q, p.chunks[1], 290, 11) == -1 && errno == EINVAL && q.n == 50);
+    CHECK(partition_copy_in(&q, p.chunks[0], 0, CSCS_CHUNK_TUPLES) == 0);
+    CHECK(q.n == 50 + CSCS_CHUNK_TUPLES && q.nchunks == 2 && q.chunks[0]->n == CSCS_CHUNK_TUPLES);
+    chunk_row(q.chunks[0], 10, row);
+    CHECK(row_id(row) == (int64_t)CSCS_CHUNK_TUPLES + 260 && row_is_generated(h, nk, row));
+    chunk_row(q.chunks[1], 49, row);
+    CHECK(row_is_generated(h, nk, row));
+    /* Whole chunks change hands; truncation frees and shortens. */
+    struct chunk *c = p.chunks[--p.nchunks];
+    p.n -= c->n;
+    CHECK(partition_adopt(&q, c) == 0 && q.n == 350 + CSCS_CHUNK_TUPLES && q.nchunks == 3);
+    partition_truncate(&q, 20);
+    CHECK(q.n == 20 && q.nchunks == 1 && q.chunks[0]->n == 20);
+    chunk_row(q.chunks[0], 19, row);
+    CHECK(row_id(row) == (int64_t)CSCS_CHUNK_TUPLES + 269);
     /* The pages are on the node asked for (this machine may have only
      * one; the call still goes through the binding path). */
     if (numa_binding_available()) {
         int node = -1;
-        CHECK(get_mempolicy(&node, NULL, 0, p.col[CSCS_ATTR_KEY], MPOL_F_NODE | MPOL_F_ADDR) == 0);
+        CHECK(get_mempolicy(&node, NULL, 0, p.chunks[0]->col[CSCS_ATTR_KEY], MPOL_F_NODE | MPOL_F_ADDR) == 0);
         CHECK(node == cpu_numa_node(0));
     }
     partition_free(&p);
     partition_free(&q);
+    CHECK(q.n == 0 && q.nchunks == 0 && q.chunks == NULL);
 }
 
 /* ---- a plain reference: the table as rows indexed by id -------------------- */
@@ -304,7 +318,7 @@ static void test_scan_and_merge(void)
     /* Three partitions, ids interleaved out of order, as after moves. */
     struct partition parts[3];
     for (int p = 0; p < 3; p++)
-        partition_init(&parts[p], -1, 0);
+        partition_init(&parts[p], -1);
     partition_generate(&parts[0], h, nk, 1000, 1000);
     partition_generate(&parts[1], h, nk, 0, 600);
     partition_generate(&parts[2], h, nk, 600, 400);
@@ -476,6 +490,91 @@ static void test_engine(void)
     free(allowed);
 }
 
+/* Every tuple exactly once, as generated (no updates): one batch that
+ * queries every key, checked in O(n). */
+static int engine_holds_generated(struct engine *e, uint64_t seed, size_t n)
+{
+    struct batch b;
+    struct batch_output out = { 0 };
+    struct batch_stats st;
+    char err[256];
+    uint64_t h = cscs_seed_hash(seed), nk = cscs_nkeys(n);
+    uint8_t *seen = calloc(n, 1);
+    batch_init(&b);
+    for (uint64_t k = 0; k < nk; k++) {
+        struct query q = { (int64_t)k, 0 };
+        batch_add_query(&b, &q);
+    }
+    int ok = seen && engine_run_batch(e, &b, &out, &st, err, sizeof err) == 0 && out.nrows == n;
+    for (size_t r = 0; ok && r < out.nrows; r++) {
+        const uint8_t *row = out.rows + r * CSCS_TUPLE_BYTES;
+        int64_t id = row_id(row);
+        ok = id >= 0 && (size_t)id < n && !seen[id] && row_is_generated(h, nk, row);
+        if (ok)
+            seen[id] = 1;
+    }
+    for (uint64_t k = 0; ok && k < nk; k++)
+        for (size_t r = out.offset[k]; ok && r < out.offset[k + 1]; r++) {
+            int64_t key;
+            memcpy(&key, out.rows + r * CSCS_TUPLE_BYTES + cscs_schema[CSCS_ATTR_KEY].offset, sizeof key);
+            ok = key == (int64_t)k;
+        }
+    free(seen);
+    batch_free(&b);
+    batch_output_free(&out);
+    return ok;
+}
+
+/* Tables of several chunks: whole chunks change hands between partitions
+ * on one node, partial ones are copied. */
+static void test_engine_chunks(void)
+{
+    int *allowed;
+    size_t nallowed, np;
+    char err[256];
+    cpulist_allowed(&allowed, &nallowed);
+    const size_t n = 2 * CSCS_CHUNK_TUPLES + 777;
+    struct engine *e;
+    struct engine_config cfg = { .seed = 4, .ntuples = n, .cpus = allowed, .ncpus = 1 };
+    CHECK(engine_create(&cfg, &e, err, sizeof err) == 0);
+    if (!e) {
+        free(allowed);
+        return;
+    }
+    CHECK(engine_holds_generated(e, 4, n));
+    struct reconfig_stats rs;
+    size_t handed = 0;
+    int last = allowed[nallowed - 1];
+    /* one core -> all -> the last one -> all, then an uneven plan */
+    int ok = engine_set_cores(e, allowed, nallowed, &rs, err, sizeof err) == 0;
+    handed += rs.chunks_handed_over;
+    ok &= engine_holds_generated(e, 4, n) && layout_total(e, &np) == n && np == nallowed;
+    ok &= engine_set_cores(e, &last, 1, &rs, err, sizeof err) == 0;
+    handed += rs.chunks_handed_over;
+    ok &= engine_holds_generated(e, 4, n) && layout_total(e, &np) == n && np == 1;
+    ok &= engine_set_cores(e, allowed, nallowed, &rs, err, sizeof err) == 0;
+    ok &= engine_holds_generated(e, 4, n) && layout_total(e, &np) == n;
+    CHECK(ok);
+    if (nallowed >= 2) {
+        CHECK(rs.tuples_moved > 0);
+        CHECK(handed > 0); /* whole chunks moved without a copy */
+        struct plan_part *cur;
+        size_t ncur;
+        char text[128];
+        struct plan p;
+        engine_layout(e, &cur, &ncur);
+        snprintf(text, sizeof text, "%d:%zu,%d:%zu moves %d>%d:%zu", cur[0].cpu, n - 5, cur[1].cpu,
+                 (size_t)5, cur[1].cpu, cur[0].cpu, cur[1].tuples - 5);
+        free(cur);
+        CHECK(plan_parse(text, &p, err, sizeof err) == 0);
+        CHECK(engine_apply_plan(e, &p, &rs, err, sizeof err) == 0);
+        plan_free(&p);
+        CHECK(engine_holds_generated(e, 4, n));
+    }
+    engine_destroy(e);
+    free(allowed);
+}
+
 /* ---- the test hook: schedule and control FIFO -------------------------------- */
 
 static void test_control(void)
@@ -582,6 +681,7 @@ int main(void)
     test_partition();
     test_scan_and_merge();
     test_engine();
+    test_engine_chunks();
     test_control();
     test_calibration_fit();
     printf("%d passed, %d failed\n", passed, failed);
