@@ -134,18 +134,16 @@ app_tuple_size(App, TSize) :-
 
 redistribute(Current, Cores, TSize, Status, Parts, Moves) :-
     check_partitions(Current),
-    check_cores(Cores),
+    core_nodes(Cores, Nodes),
     pairs_values(Current, Counts),
     sum_list(Counts, Total),
-    maplist(cpu_node, Cores, Nodes),
-    msort(Nodes, SortedNodes),
-    clumped_pairs(SortedNodes, Sharing),
     list_to_assoc(Current, Held),
-    maplist(core_cap(Held, Sharing, TSize), Cores, Nodes, Caps),
+    node_shares(Nodes, TSize, Shares),
+    maplist(core_cap(Held, Shares), Cores, Nodes, Caps),
     (   targets(Cores, Caps, Held, Total, Parts0)
     ->  Status = 0,
         Parts = Parts0,
-        redistribution_moves(Current, Held, Parts, Moves)
+        redistribution_moves(Current, Parts, Moves)
     ;   Status = 2,
         Parts = [],
         Moves = []
@@ -164,24 +162,29 @@ check_partition(Part) :-
     ;   type_error(pair, Part)
     ).
 
-check_cores(Cores) :-
-    must_be(list(nonneg), Cores),
+%   core_nodes(+Cores, -Nodes): checks Cores; Nodes are their NUMA nodes.
+core_nodes(Cores, Nodes) :-
+    must_be(list, Cores),
     (   Cores == []
     ->  domain_error(non_empty_list, Cores)
     ;   true
     ),
-    distinct_cpus(Cores),
-    forall(member(Cpu, Cores),
-           (   cpu_affinity(Cpu, _, _)
-           ->  true
-           ;   existence_error(cpu, Cpu)
-           )).
+    maplist(core_node, Cores, Nodes),
+    distinct_cpus(Cores).
+
+core_node(Cpu, Node) :-
+    must_be(nonneg, Cpu),
+    (   cpu_affinity(Cpu, _, Node0)
+    ->  Node = Node0
+    ;   existence_error(cpu, Cpu)
+    ).
 
 distinct_cpus(Cpus) :-
-    msort(Cpus, Sorted),
-    (   append(_, [C, C|_], Sorted)
-    ->  domain_error(distinct_cpus, Cpus)
-    ;   true
+    sort(Cpus, Set),
+    length(Set, N),
+    (   length(Cpus, N)
+    ->  true
+    ;   domain_error(distinct_cpus, Cpus)
     ).
 
 %   current_tuples(+Held, +Cpu, -Tuples): Held is Current as an assoc.
@@ -191,24 +194,32 @@ current_tuples(Held, Cpu, Tuples) :-
     ;   Tuples = 0
     ).
 
-cpu_node(Cpu, Node) :-
-    cpu_affinity(Cpu, _, Node).
+%   node_shares(+Nodes, +TSize, -Shares)
+%
+%   Node-Share for each node of our new cores: the tuples each of our
+%   cores there may take, its share of the node's free memory (inf when
+%   that is not known).
+node_shares(Nodes, TSize, Shares) :-
+    msort(Nodes, Sorted),
+    clumped(Sorted, Counts),
+    maplist(node_share(TSize), Counts, Shares).
 
-%   clumped_pairs(+Sorted, -Counts): Node-Count for each node in Sorted.
-clumped_pairs(Sorted, Counts) :-
-    clumped(Sorted, Counts).
+node_share(TSize, Node-Count, Node-Share) :-
+    (   memory_affinity(Node, _, Free), integer(Free)
+    ->  Share is (Free // TSize) // Count
+    ;   Share = inf
+    ).
 
-%   core_cap(+Held, +Sharing, +TSize, +Cpu, +Node, -Cap)
+%   core_cap(+Held, +Shares, +Cpu, +Node, -Cap)
 %
 %   The most tuples Cpu's partition can hold: what it holds now plus its
-%   share of its node's free memory (inf when that is not known).  Sharing
-%   is Node-Count, our new cores per node.
-core_cap(Held, Sharing, TSize, Cpu, Node, Cap) :-
-    current_tuples(Held, Cpu, Have),
-    (   memory_affinity(Node, _, Free), integer(Free)
-    ->  memberchk(Node-N, Sharing),
-        Cap is Have + (Free // TSize) // N
-    ;   Cap = inf
+%   share of its node's free memory.
+core_cap(Held, Shares, Cpu, Node, Cap) :-
+    memberchk(Node-Share, Shares),
+    (   Share == inf
+    ->  Cap = inf
+    ;   current_tuples(Held, Cpu, Have),
+        Cap is Have + Share
     ).
 
 %   targets(+Cores, +Caps, +Held, +Total, -Parts) is semidet.
@@ -269,27 +280,46 @@ share_parts([C|Cs], Odd, Share, [C-T|Ps]) :-
     (   ord_memberchk(C, Odd) -> T is Share + 1 ; T = Share ),
     share_parts(Cs, Odd, Share, Ps).
 
-%   redistribution_moves(+Current, +Held, +Parts, -Moves)
+%   redistribution_moves(+Current, +Parts, -Moves)
 %
 %   Givers in order (lost cores first, then by CPU), each giving to the
 %   takers closest to it first.
-redistribution_moves(Current, Held, Parts, Moves) :-
-    list_to_assoc(Parts, Wanted),
-    findall(Stays-Cpu-Give,              % lost cores (Stays = 0) first
-            ( member(Cpu-Have, Current),
-              (   get_assoc(Cpu, Wanted, Want) -> Stays = 1 ; Want = 0, Stays = 0 ),
-              Have > Want,
-              Give is Have - Want ),
-            Givers0),
-    msort(Givers0, Givers1),
-    findall(Cpu-Give, member(_-Cpu-Give, Givers1), Givers),
-    findall(Cpu-Need,
-            ( member(Cpu-Want, Parts),
-              current_tuples(Held, Cpu, Have),
-              Want > Have,
-              Need is Want - Have ),
-            Takers),
+redistribution_moves(Current, Parts, Moves) :-
+    msort(Current, Cur),
+    msort(Parts, New),
+    layout_diff(Cur, New, Lost, Shrinking, Takers),
+    append(Lost, Shrinking, Givers),
     give_all(Givers, Takers, Moves).
+
+%   layout_diff(+Cur, +New, -Lost, -Shrinking, -Takers)
+%
+%   Merge of the two layouts sorted by CPU: Lost and Shrinking are
+%   Cpu-Give for the CPUs that go and those that stay with fewer tuples,
+%   Takers Cpu-Need for the CPUs that end with more.
+layout_diff([], New, [], [], Takers) :-
+    include(gains, New, Takers).
+layout_diff([C-H|Cur], [], Lost, [], []) :-
+    include(gains, [C-H|Cur], Lost).
+layout_diff([C-H|Cur], [P-W|New], Lost, Shrinking, Takers) :-
+    compare(Order, C, P),
+    layout_diff_(Order, C-H, P-W, Cur, New, Lost, Shrinking, Takers).
+
+layout_diff_(<, C-H, PW, Cur, New, Lost, Shrinking, Takers) :-
+    (   H > 0 -> Lost = [C-H|Lost1] ; Lost = Lost1 ),
+    layout_diff(Cur, [PW|New], Lost1, Shrinking, Takers).
+layout_diff_(>, CH, P-W, Cur, New, Lost, Shrinking, Takers) :-
+    (   W > 0 -> Takers = [P-W|Takers1] ; Takers = Takers1 ),
+    layout_diff([CH|Cur], New, Lost, Shrinking, Takers1).
+layout_diff_(=, C-H, _-W, Cur, New, Lost, Shrinking, Takers) :-
+    (   H > W
+    ->  G is H - W, Shrinking = [C-G|Shrinking1], Takers = Takers1
+    ;   W > H
+    ->  N is W - H, Takers = [C-N|Takers1], Shrinking = Shrinking1
+    ;   Shrinking = Shrinking1, Takers = Takers1
+    ),
+    layout_diff(Cur, New, Lost, Shrinking1, Takers1).
+
+gains(_-N) :- N > 0.
 
 give_all([], _, []).
 give_all([From-Give|Givers], Takers0, Moves) :-

@@ -184,8 +184,12 @@ def pyplot():
     return plt
 
 
-def print_json(obj: dict) -> None:
-    print(json.dumps(obj, indent=1, default=lambda x: round(x, 4) if isinstance(x, float) else str(x)))
+def print_json(obj: dict, name: str | None = None) -> None:
+    """Print the experiment's JSON, and keep it as results/<name>.json."""
+    text = json.dumps(obj, indent=1, default=lambda x: round(x, 4) if isinstance(x, float) else str(x))
+    print(text)
+    if name:
+        (RESULTS / f"{name}.json").write_text(text + "\n")
 
 
 class LiveRun:

@@ -238,7 +238,7 @@ def main() -> None:
         "reference_machines_matching_paper": f"{sum(r['same_cores'] for r in ref)}/{len(ref)}",
         "calibration": fit, "this_machine": info, "rows": mine,
         "machine_state_before": before, "machine_state_after": c.machine_state(),
-    })
+    }, "exp1_deployment")
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def main() -> None:
     plot(runs, arrivals, sla_ms, len(cpus), c.RESULTS / "exp3_adaptability.png")
     c.print_json({"experiment": "adaptability (Figure 6)", "cpus": len(cpus), "tuples": tuples,
                   "sla_ms": sla_ms, "min_cores": min_cores, "arrivals_s": arrivals, "summary": summary,
-                  "machine_state_before": before, "machine_state_after": c.machine_state()})
+                  "machine_state_before": before, "machine_state_after": c.machine_state()}, "exp3_adaptability")
 
 
 def plot(runs: dict, arrivals: list[float], sla_ms: float, ncpus: int, path) -> None:
