@@ -91,9 +91,9 @@ dbos_cost_function(Status, NrCores, PartSize) :-
 %   Current is the partitions it has, a list of Cpu-Tuples; Cores is the
 %   list of CPUs it will have (the upcall's).  Parts is the new partitions,
 %   Cpu-Tuples for every CPU of Cores in that order, and Moves the tuples
-%   to move, a list of move(From, To, Tuples): each From gives Tuples from
-%   the tail of its partition to the end of To's.  A partition only gives
-%   or only takes.
+%   to move, a list of move(From, To, Tuples): From gives Tuples of its
+%   partition to To's (which ones is the engine's choice).  A partition
+%   only gives or only takes.
 %
 %   1. Balance.  The slowest scan thread bounds a batch's response time,
 %      so every core gets an equal share, as far as memory allows.

@@ -14,7 +14,8 @@ struct plan_part {
     size_t tuples;
 };
 
-/* `tuples` from the tail of `from`'s partition to the end of `to`'s. */
+/* `tuples` tuples of `from`'s partition move to `to`'s (which ones is the
+ * engine's choice: tuples have no order in a partition). */
 struct plan_move {
     int from, to;
     size_t tuples;
