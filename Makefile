@@ -14,6 +14,8 @@ APT_PACKAGES := swi-prolog-nox hwloc gcc make libc6-dev
 APT_PACKAGES += postgresql
 # libcod (clients/c): its JSON library, pkg-config for cod.pc, valgrind and clang (libFuzzer) for its tests.
 APT_PACKAGES += libjansson-dev pkg-config valgrind clang libclang-rt-dev
+# CSCS (clients/cscs): libnuma for partition placement.
+APT_PACKAGES += libnuma-dev
 PYTEST_ARGS ?=
 
 .PHONY: setup deps demo test bench clean cclient
@@ -46,6 +48,7 @@ demo: setup
 	$(VPY) clients/python/examples/run_demo.py
 
 test: setup cclient
+	$(MAKE) -C clients/cscs check
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 
 # libcod, its test programs and the Listing 1 example (tests/test_cclient.py runs them).

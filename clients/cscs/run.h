@@ -1,0 +1,30 @@
+/* `cscs run`: the engine with its built-in closed-loop load generator. */
+#ifndef CSCS_RUN_H
+#define CSCS_RUN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct run_options {
+    size_t tuples;
+    double seconds;       /* stop after this long (0: no limit) */
+    uint64_t max_batches; /* stop after this many batches (0: no limit) */
+    uint64_t seed;
+    double sla_ms;        /* 0: none */
+    size_t batch_queries, batch_updates;
+    int naive;
+    const int *cpus;      /* --cores; NULL: every CPU this process may use */
+    size_t ncpus;
+    const char *csv_path;
+    const char *results_path;
+    const char *schedule;     /* --cores-schedule */
+    const char *control_path; /* --control FIFO */
+    const char *socket_path;  /* --socket: COD (phase 2) */
+    const char *cost_fn_path;
+    int no_numa_binding;
+};
+
+/* Returns the process exit status. */
+int cscs_run(const struct run_options *o);
+
+#endif
