@@ -82,6 +82,7 @@ class RMConfig:
     refresh_interval_s: float = 1.0      # live state (load, free memory, task CPU use and pages) into the SKB
     solver: str = "cpsat"                # cpsat (greedy fallback on time limit) | greedy | naive
     solver_time_limit_s: float = 1.0
+    deploy_time_limit_s: float = 0.5     # deploy_plan: each exact search (CP-SAT) of the plan deployment
 
     def socket_path(self) -> str:
         return self.socket or default_socket_path()

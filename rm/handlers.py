@@ -240,6 +240,14 @@ async def deregister_task(rm: ResourceManager, conn: Connection, p: Params) -> A
     return {"task": task.name}
 
 
+async def deploy_plan(rm: ResourceManager, conn: Connection, p: Params) -> Any:
+    task = _task_for(rm, conn, p)
+    assert task is not None
+    graph = p.dict("graph")
+    p.done()
+    return await rm.deploy_plan(task, graph, conn)
+
+
 async def request_allocation(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     task = _task_for(rm, conn, p)
     assert task is not None
@@ -285,7 +293,9 @@ async def list_tasks(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     return {"epoch": rm.epochs.epoch, "plan": rm.plan_summary(), "tasks": [
         {"task": t.name, "pid": t.pid, "app": t.app, "properties": t.properties,
          "cores": list(rm.epochs.announced.get(t.name, ())), "epoch": rm.epochs.announced_epoch.get(t.name, 0),
-         "binding": list(binding.get(t.name, ()))}
+         "binding": list(binding.get(t.name, ())),
+         **({"deployment": {"min_cores": t.deployment.plan.min_cores, "placement": dict(t.deployment.placement),
+                            "problem": t.deployment.problem}} if t.deployment is not None else {})}
         for _, t in sorted(rm.registry.tasks.items())],
         "other_tasks": [{"pid": o.pid, "comm": o.comm, "cpu": round(o.cpu, 3), "cpus": list(o.cpus)}
                         for _, o in sorted(rm.others.items())]}
@@ -368,6 +378,7 @@ METHODS: dict[str, Handler] = {
     "register_task": register_task,
     "update_task": update_task,
     "deregister_task": deregister_task,
+    "deploy_plan": deploy_plan,
     "add_facts": add_facts,
     "remove_facts": remove_facts,
     "add_procedure": add_procedure,

@@ -147,6 +147,8 @@ class Monitor:
         for ev in events:
             if ev.kind == "fork":
                 self._forked(ev)
+            elif ev.kind == "comm":
+                self._renamed(ev)
             elif ev.kind == "exit" and not ev.is_thread:
                 self._exited(ev)
             elif ev.kind == "overrun":
@@ -167,6 +169,14 @@ class Monitor:
             self.enforcer.add_thread(task.name, ev.pid)
         except EnforceError as err:
             log.debug("pinning new thread %d of %s: %s", ev.pid, task.name, err)
+        if task.deployment is not None:
+            self.rm.deploy_threads(task)  # its name may have come first
+
+    def _renamed(self, ev: ProcEvent) -> None:
+        # A thread named itself: if its task deployed a plan, it may be one of its operators.
+        task = self.rm.registry.task_of_pid(ev.tgid)
+        if task is not None and task.deployment is not None:
+            self.rm.deploy_threads(task)
 
     def _exited(self, ev: ProcEvent) -> None:
         task = self.rm.registry.task_of_pid(ev.pid)
@@ -246,6 +256,10 @@ class Monitor:
 
     # ---- live state ------------------------------------------------------------------------
     def _refresh_tick(self) -> None:
+        # Operator threads named since (missed events, or the poller, which sees no names).
+        for task in list(self.rm.registry.tasks.values()):
+            if task.deployment is not None:
+                self.rm.deploy_threads(task)
         if self._refreshing:  # the previous write is still in flight
             return
         tasks: dict[str, list[int]] = {n: t.pids() for n, t in self.rm.registry.tasks.items()}

@@ -78,6 +78,7 @@ class Task:
     derived: dict[str, Any] = field(default_factory=dict)  # key -> taskprops.Derived
     derived_values: dict[str, int] = field(default_factory=dict)  # their last good values
     warning_subscription: int | None = None
+    deployment: Any = None  # cod.rm.deployment.Deployment: its threads' CPUs inside its own
 
     def pids(self) -> list[int]:
         return [self.pid, *sorted(self.children)]

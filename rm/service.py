@@ -41,7 +41,11 @@ from cod.skb import codec
 from . import epochs, quotas, reasons
 from .allocator.model import TaskSpec
 from .conditions import Condition, ConditionWatch, step
-from .taskprops import Derived, build_spec, derived_value
+from .deploy import DeployError, GraphError, deploy, parse_graph
+from .deploy import Options as DeployOptions
+from .deployment import Deployment, Matching, match_threads
+from .enforce import procfs
+from .taskprops import Derived, build_spec, derived_value, split_properties
 from .config import RMConfig
 from .enforce.backend import Enforcer
 from .epochs import EpochState, Publication
@@ -774,6 +778,70 @@ class ResourceManager:
             task.children.intersection_update(live)
         except Exception as err:
             log.warning("enforcing the allocation of %s (pid %d) failed: %s", task.name, task.pid, err)
+            return
+        if task.deployment is not None:
+            self.deploy_threads(task)  # apply() gave every thread the whole set
+
+    def deploy_threads(self, task: Task) -> Matching | None:
+        """Narrow the task's named operator threads to their CPUs of its deployment (issue 17).
+
+        Called after every pin of the task (which gives every thread the whole
+        set again), on thread-name events, and on the live-state refresh (for
+        threads named later, and when events are polled)."""
+        dep = task.deployment
+        if dep is None or self.closing:
+            return None
+        held = set(self.holdings_of(task.name))
+        cpus = [c for c in self.epochs.announced.get(task.name, ()) if c in held]
+        if not cpus:
+            return None
+        placement = dep.placed_in(self.machine, cpus)
+        threads: dict[int, str] = {}
+        for pid in task.pids():
+            threads.update(procfs.thread_names(pid))
+        matching = match_threads(placement, threads)
+        # Compared with the thread's mask as it is now, not with what was done before: a fork
+        # event handled after the thread's name event has widened it again (the connector's
+        # events from two CPUs come in either order).
+        todo = {tid: (cpu,) for tid, cpu in matching.targets.items() if _mask(tid) != {cpu}}
+        if todo:
+            try:
+                self.enforcer.pin_threads(task.name, todo)
+            except Exception as err:
+                log.warning("pinning the operator threads of %s: %s", task.name, err)
+        return matching
+
+    async def deploy_plan(self, task: Task, graph: Any, conn: Connection) -> dict[str, Any]:
+        """Plan the task's operator threads (cod.rm.deploy), make the plan's core count its
+        min_cores, and pin each named thread inside its allocation.  Refused, nothing changes."""
+        try:
+            parsed = parse_graph(graph)
+        except GraphError as err:
+            raise RpcError(rpc.INVALID_PARAMS, f"deploy_plan: {err}") from None
+        options = DeployOptions(time_limit_s=self.cfg.deploy_time_limit_s)
+        try:
+            # CP-SAT searches for up to the time limit: off the event loop.
+            plan = await asyncio.to_thread(deploy, parsed, self.machine, options)
+        except DeployError as err:
+            raise RpcError(rpc.ADMISSION_REFUSED, f"deploy_plan: {err}") from None
+        need = plan.min_cores
+        if task.spec.max_cores is not None and task.spec.max_cores < need:
+            raise RpcError(rpc.ADMISSION_REFUSED,
+                           f"deploy_plan: the plan needs {need} cores; task {task.name!r} has max_cores "
+                           f"{task.spec.max_cores} (raise it with update_task first)",
+                           {"requested": need, "max_cores": task.spec.max_cores})
+        plain, derived = split_properties(task.properties, "deploy_plan")
+        derived.pop("min_cores", None)
+        plain["min_cores"] = need
+        await self.update_task(task, plain, derived, conn, reason=f"task {task.name} deployed a plan of {need} cores")
+        task.deployment = Deployment(plan)
+        matching = self.deploy_threads(task)
+        return {"task": task.name, "min_cores": need, "cores": plan.cores, "cores_optimal": plan.cores_optimal,
+                "numa_nodes": list(plan.numa.nodes), "placement": dict(task.deployment.placement),
+                "threads": {str(t): c for t, c in sorted(matching.targets.items())} if matching else {},
+                "unmatched": list(matching.unmatched) if matching else sorted(plan.placement),
+                "problem": task.deployment.problem, "warnings": list(plan.warnings),
+                "allocation": self.allocation_of(task)}
 
     def _release(self, task: Task) -> None:
         try:
@@ -846,6 +914,13 @@ class ResourceManager:
         except (TimeoutError, asyncio.CancelledError):
             self._publisher.cancel()
         self.planner.close()
+
+
+def _mask(tid: int) -> set[int] | None:
+    try:
+        return os.sched_getaffinity(tid)
+    except OSError:
+        return None  # gone
 
 
 def _without_pins(pub: Publication, pinned: dict[str, tuple[int, ...]]) -> Publication:

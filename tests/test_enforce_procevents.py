@@ -14,7 +14,7 @@ import pytest
 from cod.rm.enforce import AffinityEnforcer
 from cod.rm.enforce.errors import EnforceError
 from cod.rm.enforce.procevents import (
-    CN_MSG, EV_HEAD, EXIT, FORK, NLMSGHDR, ConnectorSource, PollingSource, ProcEvent,
+    CN_MSG, COMM, EV_HEAD, EXIT, FORK, NLMSGHDR, ConnectorSource, PollingSource, ProcEvent,
     open_source, parse_datagram,
 )
 from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
@@ -51,7 +51,10 @@ def datagram(what: int, payload: bytes, ts: int = 123) -> bytes:
     (datagram(0x1, FORK.pack(10, 10, 11, 10)), ProcEvent("fork", 11, 10, 10, 10, 0, 123)),
     (datagram(0x2, struct.pack("=II", 12, 12)), ProcEvent("exec", 12, 12, timestamp_ns=123)),
     (datagram(0x80000000, EXIT.pack(13, 13, 9, 17, 1, 1)), ProcEvent("exit", 13, 13, 1, 1, 9, 123)),
-    (datagram(0x200, b"\0" * 24), None),  # comm events are ignored
+    (datagram(0x200, COMM.pack(14, 12, b"scan0_1")), ProcEvent("comm", 14, 12, timestamp_ns=123, comm="scan0_1")),
+    (datagram(0x200, COMM.pack(14, 12, b"a" * 16)), ProcEvent("comm", 14, 12, timestamp_ns=123, comm="a" * 16)),
+    (datagram(0x200, b"\0" * 8), None),  # truncated: ignored
+    (datagram(0x8, b"\0" * 24), None),  # other kinds (uid changes, ...) are ignored
 ])
 def test_parse_datagram(raw, expected):
     assert parse_datagram(raw) == ([] if expected is None else [expected])
@@ -92,6 +95,22 @@ def test_fork_exec_exit_of_a_process(connector):
     wait_for(connector, lambda e: e.kind == "exec" and e.pid == p.pid)
     wait_for(connector, lambda e: e.kind == "exit" and e.pid == p.pid)
     p.wait()
+
+
+@needs_root()
+def test_a_thread_naming_itself_is_reported(connector):
+    # What a deployed plan waits for: an operator thread taking its name (pthread_setname_np).
+    code = ("import ctypes, sys; libc = ctypes.CDLL(None); sys.stdin.readline(); "
+            "libc.prctl(15, b'scan0_1', 0, 0, 0); sys.stdin.readline()")
+    p = subprocess.Popen(["python3", "-c", code], stdin=subprocess.PIPE, text=True)
+    try:
+        p.stdin.write("\n")
+        p.stdin.flush()
+        ev, _ = wait_for(connector, lambda e: e.kind == "comm" and e.tgid == p.pid and e.comm == "scan0_1")
+        assert ev.pid == p.pid
+    finally:
+        p.kill()
+        p.wait()
 
 
 @needs_root()

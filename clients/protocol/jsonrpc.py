@@ -75,7 +75,7 @@ METHODS = (
     "hello", "register_task", "update_task", "deregister_task", "add_facts", "remove_facts",
     "add_procedure", "execute_query", "subscribe", "unsubscribe", "request_allocation",
     "ack_allocation", "get_allocation", "list_tasks", "batch",
-    "cancel", "list_procedures", "list_predicates", "explain_task", "get_topology",
+    "cancel", "list_procedures", "list_predicates", "explain_task", "get_topology", "deploy_plan",
 )
 # Methods of the SKB's direct query socket (cod_direct.pl).
 DIRECT_METHODS = ("hello", "execute_query", "ping")

@@ -13,7 +13,7 @@ import errno
 import logging
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from cod.protocol.names import name_problem
 
@@ -237,6 +237,24 @@ class RecordingEnforcer:
 
     def _add_thread(self, task: str, tid: int) -> bool:
         return set_thread_affinity(tid, self.cpus[task], self.proc)
+
+    def pin_threads(self, task: str, targets: Mapping[int, Sequence[int]]) -> list[int]:
+        """Narrow threads of ``task`` to subsets of its CPUs; the tids pinned (gone ones are skipped).
+
+        Inside a cpuset the kernel accepts any subset; release() and the next
+        apply() give every thread the recorded or the whole mask back."""
+        held = self.cpus.get(task)
+        if held is None:
+            raise EnforceError(f"task {task!r} has not been applied")
+        pinned = []
+        for tid, cpus in targets.items():
+            outside = sorted(set(cpus) - set(held))
+            if not cpus or outside:
+                raise EnforceError(f"task {task}: thread {tid} may only be narrowed to its CPUs "
+                                   f"{procfs.format_cpu_list(held)}, not {procfs.format_cpu_list(sorted(cpus))}")
+            if set_thread_affinity(tid, tuple(sorted(cpus)), self.proc):
+                pinned.append(tid)
+        return pinned
 
     def forget_pid(self, task: str, pid: int) -> None:
         """An exit event: drop ``pid``'s record without touching anything."""

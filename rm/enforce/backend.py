@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from .affinity import AffinityEnforcer, check_task_name
@@ -39,6 +39,10 @@ class Enforcer(Protocol):
 
     def add_thread(self, task: str, tid: int) -> bool:
         """Confine a thread/child born after apply(); False when it is already gone."""
+
+    def pin_threads(self, task: str, targets: Mapping[int, Sequence[int]]) -> list[int]:
+        """Narrow single threads of an applied task to subsets of its CPUs (a plan deployment);
+        returns the tids pinned.  The next apply() gives them the task's whole set again."""
 
     def forget_pid(self, task: str, pid: int) -> None:
         """The pid exited: drop its record."""
@@ -71,6 +75,9 @@ class NullEnforcer:
 
     def add_thread(self, task: str, tid: int) -> bool:
         return os.path.exists(f"/proc/{tid}")
+
+    def pin_threads(self, task: str, targets: Mapping[int, Sequence[int]]) -> list[int]:
+        return []
 
     def forget_pid(self, task: str, pid: int) -> None:
         if pid in self._tasks.get(task, []):

@@ -40,6 +40,7 @@ PROC_CN_MCAST_LISTEN = 1
 PROC_CN_MCAST_IGNORE = 2
 PROC_EVENT_FORK = 0x1
 PROC_EVENT_EXEC = 0x2
+PROC_EVENT_COMM = 0x200
 PROC_EVENT_EXIT = 0x80000000
 
 NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
@@ -47,6 +48,7 @@ CN_MSG = struct.Struct("=IIIIHH")  # idx, val, seq, ack, len, flags
 EV_HEAD = struct.Struct("=IIQ")  # what, cpu, timestamp_ns
 FORK = struct.Struct("=IIII")  # parent pid, parent tgid, child pid, child tgid
 EXEC = struct.Struct("=II")  # pid, tgid
+COMM = struct.Struct("=II16s")  # pid, tgid, the new name (NUL-padded)
 EXIT = struct.Struct("=IIIIII")  # pid, tgid, exit code, exit signal, parent pid, parent tgid
 RCVBUF = 4 << 20  # room for bursts (a build spawning thousands of processes)
 
@@ -59,13 +61,14 @@ class ProcEvent:
     has ``pid != tgid``.  ``timestamp_ns`` is CLOCK_MONOTONIC when the kernel sent
     it (connector) or when the scan saw it (poller)."""
 
-    kind: str  # "fork" | "exec" | "exit" | "overrun"
+    kind: str  # "fork" | "exec" | "comm" | "exit" | "overrun"
     pid: int
     tgid: int
     parent_pid: int = 0
     parent_tgid: int = 0
     exit_code: int = 0
     timestamp_ns: int = 0
+    comm: str = ""  # "comm": the thread's new name
 
     @property
     def is_thread(self) -> bool:
@@ -92,6 +95,10 @@ def parse_datagram(data: bytes) -> list[ProcEvent]:
             elif what == PROC_EVENT_EXEC:
                 pid, tgid = EXEC.unpack_from(data, p)
                 events.append(ProcEvent("exec", pid, tgid, timestamp_ns=ts))
+            elif what == PROC_EVENT_COMM and p + COMM.size <= off + length:
+                pid, tgid, raw = COMM.unpack_from(data, p)
+                name = raw.split(b"\0", 1)[0].decode(errors="replace")
+                events.append(ProcEvent("comm", pid, tgid, timestamp_ns=ts, comm=name))
             elif what == PROC_EVENT_EXIT:
                 pid, tgid, code, _sig, ppid, ptgid = EXIT.unpack_from(data, p)
                 events.append(ProcEvent("exit", pid, tgid, ppid, ptgid, code, ts))

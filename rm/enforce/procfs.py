@@ -104,6 +104,17 @@ def thread_ids(pid: int, proc: str = PROC) -> list[int]:
         return []
 
 
+def thread_names(pid: int, proc: str = PROC) -> dict[int, str]:
+    """Each thread of ``pid`` and its name (``/proc/PID/task/TID/comm``); {} when it is gone."""
+    names: dict[int, str] = {}
+    for tid in thread_ids(pid, proc):
+        try:
+            names[tid] = read_small(f"{proc}/{pid}/task/{tid}/comm").decode(errors="replace").rstrip("\n")
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # exited meanwhile
+    return names
+
+
 def pids(proc: str = PROC) -> list[int]:
     return [int(n) for n in os.listdir(proc) if n.isdigit()]
 
