@@ -141,6 +141,24 @@ def test_optimal_with_current(inst, data):
     check_against_oracle(m, tasks, unavailable, view, earlier.as_mapping())
 
 
+def test_regression_e1_core_displaces_no_cpu_another_task_must_keep():
+    """Found by the differential test: on one core-pair class, the count model
+    keeps t0 on CPU 1 and one of t1's CPUs, but the mapping gave E1 task t2 the
+    core (1, 4), taking the only CPU t0 could keep, while core (2, 5) cost only
+    t1 a CPU it had to spare: (5, -4, -5) claimed optimal against (5, -4, -4)."""
+    m = build(Shape("random", packages=1, dies_per_package=1, cores_per_die=3, threads_per_core=2,
+                    node_per_die=True, node_memory_bytes=64 * GIB, l3_bytes_per_die=8 << 20))
+    tasks = [
+        TaskSpec("t0", min_cores=1, max_cores=1, working_set_bytes=2 * GIB, sensitive=frozenset({"numa", "cache"}),
+                 priority=1, pollutes_cache=True, allow_smt_sharing=True),
+        TaskSpec("t1", min_cores=2, sensitive=frozenset({"numa"}), exclusive=False, priority=1),
+        TaskSpec("t2", min_cores=2, sensitive=frozenset({"numa"}), priority=1),
+    ]
+    current = {"t0": [1], "t1": [2, 4, 5], "t2": [0, 3]}
+    view = build_view(m, [0])
+    assert check_against_oracle(m, tasks, [0], view, current) == (5, -4, -4)
+
+
 @st.composite
 def medium_instances(draw):
     """Machines of up to 48 PUs, too large for the exhaustive oracle, with many

@@ -309,14 +309,74 @@ def solve_counts(
     if st == cp_model.FEASIBLE:
         bound, value = solver.best_objective_bound, solver.objective_value
         gap = abs(bound - value) / max(1.0, abs(bound)) or None  # 0: a later stage timed out
-    G = view.classes
+    sol = _solution(view, tasks, mod, solver, "optimal" if st == cp_model.OPTIMAL else "feasible", gap)
+    if st == cp_model.OPTIMAL:
+        sol = _realised(view, tasks, current, mod, solver, sol, deadline)
+    return sol
+
+
+def _solution(view: View, tasks: Sequence[TaskSpec], mod: _Model, solver: cp_model.CpSolver, status: str,
+              gap: float | None) -> CountSolution:
     return CountSolution(
-        "optimal" if st == cp_model.OPTIMAL else "feasible",
-        {t.name: {g.index: int(solver.value(mod.x[t.name, g.index])) for g in G} for t in tasks},
+        status,
+        {t.name: {g.index: int(solver.value(mod.x[t.name, g.index])) for g in view.classes} for t in tasks},
         _cores(solver, mod.c),
         {gi: int(solver.value(v)) for gi, v in mod.pool.items()},
         gap,
     )
+
+
+def _realised(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]], mod: _Model,
+              solver: cp_model.CpSolver, sol: CountSolution, deadline: float) -> CountSolution:
+    """The count model's O4 is a relaxation: ``kept[t,g] <= min(x, CPUs held
+    in g)`` does not know which cores an E1 task's whole cores displace, so
+    the CPUs of an optimal count vector may keep fewer than the model counted.
+    Then that vector is excluded (a no-good on its x and c values) and the
+    model solved again, until its optimum is no better than the best mapping
+    found: that mapping is optimal (the mapping of one count vector is exact,
+    :mod:`.mapping`).  Out of time: the best mapping, "feasible" with the gap.
+    Found by the oracle tests: an E1 task took the core another task had to
+    keep, while the core of a task with CPUs to spare was free."""
+    from .mapping import kept, map_counts  # mapping uses is_e1 from here
+
+    if not mod.kept_cap:
+        return sol
+    cur = {t.name: set(current.get(t.name, ())) for t in tasks}
+    model_value = int(solver.value(_lower_objective(mod)))
+    spread_part = model_value - int(solver.value(mod.kept))
+    best, best_value = sol, spread_part + kept(map_counts(view, tasks, current, sol.counts, sol.cores), cur)
+    while best_value < model_value:
+        if time.perf_counter() >= deadline:
+            gap = (model_value - best_value) / max(1.0, abs(model_value))
+            return CountSolution("feasible", best.counts, best.cores, best.pool, gap)
+        _exclude(mod, solver)
+        solver = _solver(1, deadline - time.perf_counter())
+        st = solver.solve(mod.m)
+        if st == cp_model.INFEASIBLE:
+            break  # no other count vector: the best mapping is optimal
+        if st != cp_model.OPTIMAL:
+            gap = (model_value - best_value) / max(1.0, abs(model_value))
+            return CountSolution("feasible", best.counts, best.cores, best.pool, gap)
+        model_value = int(solver.value(_lower_objective(mod)))
+        if model_value <= best_value:
+            break
+        sol = _solution(view, tasks, mod, solver, "optimal", None)
+        value = (model_value - int(solver.value(mod.kept))
+                 + kept(map_counts(view, tasks, current, sol.counts, sol.cores), cur))
+        if value > best_value:
+            best, best_value = sol, value
+    return CountSolution("optimal", best.counts, best.cores, best.pool, None)
+
+
+def _exclude(mod: _Model, solver: cp_model.CpSolver) -> None:
+    """No-good: at least one x or c variable differs from the solution's value."""
+    differs = []
+    for v in list(mod.x.values()) + list(mod.c.values()):
+        d = mod.m.new_bool_var("")
+        mod.m.add(v != solver.value(v)).only_enforce_if(d)
+        differs.append(d)
+    mod.m.add_bool_or(differs)
+    mod.m.clear_hints()
 
 
 def _cores(solver: cp_model.CpSolver, c: dict[tuple[str, int], cp_model.IntVar]) -> dict[str, dict[int, int]]:
