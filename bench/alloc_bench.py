@@ -27,7 +27,7 @@ from cod.facts import hwloc_xml, machines
 from cod.facts.synthetic import GIB, MIB, Shape, build
 from cod.rm.allocator import TaskSpec, allocate
 from cod.rm.allocator.bounds import RelaxedBound, relaxed_bound
-from cod.rm.allocator.check import moves, objective, violations
+from cod.rm.allocator.problem import moves, objective, violations
 from cod.rm.allocator.cpsat import _build as build_count_model
 from cod.rm.allocator.explain import explain
 from cod.rm.allocator.mapping import map_counts

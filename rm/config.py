@@ -8,6 +8,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .allocator.model import SOLVERS
+
 
 class ConfigError(Exception):
     """A setting is wrong; the message names the file or flag and the setting."""
@@ -67,7 +69,6 @@ class RMConfig:
 
 
 ENFORCE_MODES = ("auto", "affinity", "cpuset", "none")
-SOLVERS = ("cpsat", "greedy", "naive")
 
 
 _TYPES = {f.name: f.type for f in fields(RMConfig)}

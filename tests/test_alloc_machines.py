@@ -11,7 +11,7 @@ import pytest
 from cod.facts import hwloc_xml, machines
 from cod.facts.synthetic import GIB
 from cod.rm.allocator import TaskSpec, allocate
-from cod.rm.allocator.check import moves, objective, violations
+from cod.rm.allocator.problem import moves, objective, violations
 from cod.rm.allocator.topology import build_view
 from helpers.data import HWLOC_DIR
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from cod.facts.synthetic import GIB, Shape, build
 from cod.rm.allocator import TaskSpec, allocate
 from cod.rm.allocator.bounds import RelaxedBound, relaxed_bound, upper_bound
-from cod.rm.allocator.check import objective, violations
+from cod.rm.allocator.problem import objective, violations
 from cod.rm.allocator.cpsat import solve_counts
 from cod.rm.allocator.mapping import map_counts
 from cod.rm.allocator.oracle import best, search_space

@@ -7,7 +7,7 @@ the count model over classes of interchangeable CPUs, with the best answer so
 far as fallback on timeout; see :mod:`.solve`), ``naive`` (the paper's
 Figure 4 core-by-task boolean matrix, a reference model) and ``greedy``.
 The problem itself (constraints C1-C6, objective O1-O4) is stated in
-:mod:`cod.rm.allocator.check`.
+:mod:`cod.rm.allocator.problem`.
 """
 
 from __future__ import annotations

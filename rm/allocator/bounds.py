@@ -13,7 +13,7 @@ Two kinds:
   (CPUs of the current allocation beyond the task's total must move).  A few
   milliseconds; tight on the machines we measured (see docs/design-allocator.md).
 
-Objective tuples compare as in :func:`cod.rm.allocator.check.objective`:
+Objective tuples compare as in :func:`cod.rm.allocator.problem.objective`:
 larger is better, so O3/O4 bounds appear negated.
 """
 
@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
-from .check import effective_max, priority_levels
+from .problem import effective_max, priority_levels
 from .model import TaskSpec
 from .topology import View
 
@@ -84,7 +84,7 @@ def forced_moves(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Se
 def upper_bound(
     view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]]
 ) -> tuple[int, ...]:
-    """An objective no allocation can beat (compare with :func:`.check.objective`).
+    """An objective no allocation can beat (compare with :func:`.problem.objective`).
 
     O2: every task at its cap (:func:`task_caps`).  O3: if O2 reaches that
     bound, every task holds exactly its cap, so it spans at least the fewest

@@ -17,7 +17,7 @@ Variables, per task t and class g (k threads per core, n cores):
   kept[t,g]            PUs of t's current allocation in g it keeps;
   z[t,node], y[t,dom]  booleans: t uses that node / domain (sensitive tasks).
 
-Constraints (numbered as in :mod:`cod.rm.allocator.check`):
+Constraints (numbered as in :mod:`cod.rm.allocator.problem`):
   C2  min_t <= sum_g x[t,g] <= max_t;
   C3+C6  per g: sum_E1 k*c + sum_E2 x + s <= k*n; c <= x <= k*c for E1; x <= s for S;
   C4  per node N with known free memory: sum_t ws_t * sum_{g on N} x[t,g] <= free_N;
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
-from .check import effective_max, priority_levels
+from .problem import effective_max, is_e1, priority_levels
 from .model import TaskSpec
 from .topology import View
 
@@ -64,10 +64,6 @@ class CountSolution:
     # feasible only: relative gap of the term being optimised when time ran out
     # (a priority level's sum, or the weighted O3/O4 once every level is proven)
     gap: float | None = None
-
-
-def is_e1(t: TaskSpec) -> bool:
-    return t.exclusive and not t.allow_smt_sharing
 
 
 @dataclass
@@ -337,7 +333,7 @@ def _realised(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Seque
     :mod:`.mapping`).  Out of time: the best mapping, "feasible" with the gap.
     Found by the oracle tests: an E1 task took the core another task had to
     keep, while the core of a task with CPUs to spare was free."""
-    from .mapping import kept, map_counts  # mapping uses is_e1 from here
+    from .mapping import kept, map_counts  # the mapping imports this module
 
     if not mod.kept_cap:
         return sol

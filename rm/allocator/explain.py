@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .check import effective_max
+from .problem import effective_max
 from .greedy import GreedyState
 from .model import TaskAllocation, TaskSpec
 from .topology import View

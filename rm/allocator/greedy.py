@@ -10,7 +10,7 @@ did before #5".  Steps:
 3. Growth: in the same order, extend every task up to ``max_cores``.
 
 Each CPU is picked among those that keep constraints C1-C6 of
-:mod:`cod.rm.allocator.check` satisfied, preferring, in order: a CPU the task
+:mod:`cod.rm.allocator.problem` satisfied, preferring, in order: a CPU the task
 holds in the current allocation; for an exclusive no-SMT-sharing task, the
 sibling of a CPU it already has; for a sensitive task, its domains / nodes
 already in use, then the domain with the best fit for what it still needs;
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .check import effective_max
+from .problem import effective_max
 from .model import TaskSpec
 from .topology import View
 

@@ -24,7 +24,8 @@ from typing import Mapping, Sequence
 from ortools.sat.python import cp_model
 
 from .bounds import fewest, task_caps
-from .cpsat import _build, _lower_objective, _solver, is_e1
+from .cpsat import _build, _lower_objective, _solver
+from .problem import is_e1
 from .model import TaskSpec
 from .topology import CpuClass, View
 

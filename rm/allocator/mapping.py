@@ -29,7 +29,7 @@ from typing import Mapping, Sequence
 from ortools.sat.python import cp_model
 
 from .model import TaskSpec
-from .cpsat import is_e1
+from .problem import is_e1
 from .topology import CpuClass, View
 
 # A class whose heuristic mapping keeps fewer current CPUs than its bound is

@@ -6,7 +6,7 @@ objective; only the encoding differs.
 
 Variables: b[t,c] = task t holds CPU c; sh[c] = some shareable task holds c;
 z[t,node], y[t,dom] usage booleans of sensitive tasks.
-Constraints (numbered as in :mod:`cod.rm.allocator.check`):
+Constraints (numbered as in :mod:`cod.rm.allocator.problem`):
   C2  min_t <= sum_c b[t,c] <= max_t  (the paper's MinCores / MaxCores row sums);
   C3  per CPU: sum over exclusive t of b[t,c] + sh[c] <= 1, b[u,c] <= sh[c] for shareable u;
   C4  per node: sum_t ws_t * sum_{c on node} b[t,c] <= free (WorkingSetSize);
@@ -21,8 +21,8 @@ from typing import Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
-from .check import effective_max, priority_levels
-from .cpsat import is_e1, lexicographic_weights
+from .problem import effective_max, is_e1, priority_levels
+from .cpsat import lexicographic_weights
 from .model import TaskSpec
 from .topology import View
 

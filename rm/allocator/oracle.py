@@ -2,8 +2,8 @@
 
 One variable per available CPU whose value is the set of tasks holding it
 (empty, one exclusive task, or any non-empty set of shareable tasks).  The
-constraints C1-C6 of :mod:`cod.rm.allocator.check` prune partial assignments;
-every complete solution is scored with :func:`cod.rm.allocator.check.objective`.
+constraints C1-C6 of :mod:`cod.rm.allocator.problem` prune partial assignments;
+every complete solution is scored with :func:`cod.rm.allocator.problem.objective`.
 Meant for tests (up to ~8 CPUs and 4 tasks), not for production.
 """
 
@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import constraint
 
-from .check import effective_max, objective, violations
+from .problem import effective_max, objective, violations
 from .model import TaskSpec
 from .topology import View
 

@@ -28,11 +28,8 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .model import TaskSpec
+from .problem import is_e1
 from .topology import View
-
-
-def is_e1(t: TaskSpec) -> bool:
-    return t.exclusive and not t.allow_smt_sharing
 
 
 @dataclass
@@ -179,7 +176,7 @@ def pack(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[i
 
 def _partial(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
              totals: Mapping[str, int]) -> Packed | None:
-    from .check import effective_max, priority_levels
+    from .problem import effective_max, priority_levels
 
     levels = priority_levels(tasks)
     best: tuple[tuple, _State] | None = None

@@ -15,7 +15,7 @@
    proven, with gap) or "fallback".  Proven infeasible: "infeasible", reason
    from the greedy admission step.
 ``naive``: the Figure 4 matrix model (:mod:`.naive`), same fallback rules.
-Every allocation is checked with :func:`.check.violations`; a violation is a bug.
+Every allocation is checked with :func:`.problem.violations`; a violation is a bug.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .bounds import RelaxedBound, relaxed_bound, upper_bound
-from .check import objective, violations
+from .problem import objective, violations
 from .cpsat import solve_counts
 from .greedy import solve_greedy
 from .lns import improve

@@ -35,6 +35,12 @@ from .model import TaskSpec
 from .topology import View
 
 
+def is_e1(t: TaskSpec) -> bool:
+    """E1: exclusive without SMT sharing (holds whole cores); E2: exclusive
+    with SMT sharing; S: shareable."""
+    return t.exclusive and not t.allow_smt_sharing
+
+
 def effective_max(task: TaskSpec, view: View) -> int:
     n = len(view.cpus)
     return n if task.max_cores is None else min(task.max_cores, n)
