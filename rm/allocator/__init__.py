@@ -17,15 +17,19 @@ from typing import Iterable, Mapping, Sequence
 
 from cod.facts.model import Machine
 
-from .explain import explain
+from .explain import explain, explain_reservations
 from .greedy import solve_greedy
 from .solve import Outcome, solve_exact  # imports ortools once, not inside the timed call
-from .model import SOLVERS, AllocationResult, TaskAllocation, TaskSpec, TaskSpecError
+from .model import (SOLVERS, AllocationResult, OtherDemand, Reservation, TaskAllocation, TaskSpec,
+                    TaskSpecError)
+from .problem import as_tasks, check_names
 from .topology import View, build_view
 
 __all__ = [
     "allocate",
     "AllocationResult",
+    "OtherDemand",
+    "Reservation",
     "TaskAllocation",
     "TaskSpec",
     "TaskSpecError",
@@ -38,6 +42,7 @@ def allocate(
     tasks: Sequence[TaskSpec],
     current: Mapping[str, Sequence[int]] | None = None,
     *,
+    others: Sequence[OtherDemand] = (),
     unavailable: Iterable[int] = (),
     solver: str = "cpsat",
     time_limit_s: float = 1.0,
@@ -45,33 +50,42 @@ def allocate(
     """Allocate CPUs (Linux CPU numbers) to ``tasks`` on ``machine``.
 
     ``current`` maps task names to the CPUs they hold now (unknown names are
-    ignored); ``unavailable`` are CPUs busy with unregistered work.  The result
-    is "infeasible" (with ``reason``) when some task cannot get ``min_cores``.
+    ignored).  ``others`` are unregistered busy processes: the allocator keeps
+    CPUs for them (``result.reservations``) with the same objective (see
+    :mod:`.problem`), and names them in ``displaced_by`` of any task that lost
+    CPUs to them.  ``unavailable`` are CPUs nobody may be given (the older,
+    blunter way to keep CPUs for other work).  The result is "infeasible"
+    (with ``reason``) when some task cannot get ``min_cores``.
     """
     start = time.perf_counter()
     if solver not in SOLVERS:
         raise ValueError(f"solver: must be one of {', '.join(SOLVERS)}, got {solver!r}")
-    names = [t.name for t in tasks]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise TaskSpecError(f"task {dup[0]!r}: name: appears more than once")
+    check_names(tasks, others)
     unavailable = tuple(unavailable)
-    view = build_view(machine, unavailable)
+    cpus = set(machine.cpu_ids())
+    for o in others:
+        bad = sorted(set(o.cpus) - cpus) + sorted(set(o.allowed or ()) - cpus)
+        if bad:
+            raise ValueError(f"other {o.name!r}: CPU {bad[0]} does not exist on {machine.name}")
+    view = build_view(machine, unavailable, [frozenset(o.allowed) for o in others if o.allowed is not None])
+    everyone = list(tasks) + as_tasks(others)
     cur = {k: tuple(v) for k, v in (current or {}).items()}
+    cur.update({o.name: o.cpus for o in others})
 
     if solver == "greedy":
-        alloc, reason = solve_greedy(view, tasks, cur)
+        alloc, reason = solve_greedy(view, everyone, cur)
         out = Outcome(alloc, reason, "feasible" if alloc is not None else "infeasible", "greedy")
     else:
-        out = solve_exact(view, tasks, cur, solver, time_limit_s)
-    return _result(view, tasks, out, start, len(unavailable))
+        out = solve_exact(view, everyone, cur, solver, time_limit_s)
+    return _result(view, everyone, cur, out, start, len(unavailable))
 
 
-def _result(
-    view: View, tasks: Sequence[TaskSpec], out: Outcome, start: float, n_unavailable: int
-) -> AllocationResult:
+def _result(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]], out: Outcome,
+            start: float, n_unavailable: int) -> AllocationResult:
     if out.alloc is None:
         return AllocationResult("infeasible", out.solver, (time.perf_counter() - start) * 1e3, (), out.reason)
-    explained = explain(view, tasks, out.alloc, n_unavailable)
+    explained = explain(view, tasks, out.alloc, n_unavailable, current)
+    reservations = explain_reservations(view, tasks, out.alloc, current)
     gap = out.gap if out.status == "feasible" else None
-    return AllocationResult(out.status, out.solver, (time.perf_counter() - start) * 1e3, explained, None, gap)
+    return AllocationResult(out.status, out.solver, (time.perf_counter() - start) * 1e3, explained, None, gap,
+                            reservations)

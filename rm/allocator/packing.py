@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .model import TaskSpec
-from .problem import is_e1
+from .problem import is_e1, is_other
 from .topology import View
 
 
@@ -57,11 +57,16 @@ class _State:
         self.sensitive: dict[int, dict[str, int]] = {d: {} for d in range(view.n_domains)}
         self.counts: dict[str, dict[int, int]] = {t.name: {} for t in tasks}
         self.cores: dict[str, dict[int, int]] = {t.name: {} for t in tasks if is_e1(t)}
+        # C7: the classes an other may use (absent: any)
+        self.allowed = {t.name: view.allowed_classes(t.allowed) for t in tasks if is_other(t) and t.allowed is not None}
 
     def avail(self, t: TaskSpec, gi: int, pool_only: bool = False) -> int:
         """Most PUs ``t`` can add in class ``gi`` to what it holds there;
         ``pool_only``: for a shareable task, without growing the shared pool."""
         g = self.view.classes[gi]
+        allowed = self.allowed.get(t.name)
+        if allowed is not None and gi not in allowed:
+            return 0
         if t.pollutes_cache or "cache" in t.sensitive:
             if "cache" in t.sensitive and any(n != t.name for n in self.polluters[g.domain]):
                 return 0
@@ -148,7 +153,8 @@ def _order(tasks: Sequence[TaskSpec], totals: Mapping[str, int], variant: str) -
             return (kind > 1, kind, -totals[t.name], -len(t.sensitive), shape, t.name) if kind <= 1 \
                 else (True, 0, -totals[t.name], kind, -len(t.sensitive), shape, t.name)
         return (kind, -len(t.sensitive), -totals[t.name], shape, t.name)
-    return sorted(tasks, key=key)
+    # others last: registered tasks take back their CPUs first, others fill what is left
+    return sorted(tasks, key=lambda t: (is_other(t), key(t)))
 
 
 def pack(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],

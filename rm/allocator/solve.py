@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .bounds import RelaxedBound, relaxed_bound, upper_bound
-from .problem import objective, violations
+from .problem import is_other, n_tail, objective, violations
 from .cpsat import solve_counts
 from .greedy import solve_greedy
 from .lns import improve
@@ -60,18 +60,37 @@ BUILD_S_PER_PAIR = 45e-6
 ACCEPT_GAP = 0.01
 
 
-def lexicographic_gap(value: tuple[int, ...], bound: tuple[int, ...], kept_cap: int) -> float | None:
-    """Relative gap of O3/O4 once O2 is proven optimal (None otherwise).
+def lexicographic_gap(value: tuple[int, ...], bound: tuple[int, ...], caps: int | Sequence[int]
+                      ) -> float | None:
+    """Relative gap of the terms after O2 once O2 is proven optimal (None otherwise).
 
-    O3 and O4 are compared as the count model weighs them, exactly
-    lexicographically: cost = (K + 1) * spread + moves, K = CPUs of the
-    current allocation; gap = (cost - lower bound) / cost, 0 when optimal.
+    They are compared as the count model weighs them, exactly
+    lexicographically: without others cost = (K + 1) * spread + moves, K =
+    CPUs of the current allocation (``caps``); with others ``caps`` are the
+    ranges of O4-O7 (:func:`tail_caps`) and each term weighs more than all
+    later ones together.  gap = (cost - lower bound) / cost, 0 when optimal.
     """
-    if value[:-2] != bound[:-2]:
+    caps = [caps] if isinstance(caps, int) else list(caps)
+    n = len(caps) + 1
+    if value[:-n] != bound[:-n]:
         return None
-    cost = (kept_cap + 1) * -value[-2] - value[-1]
-    low = (kept_cap + 1) * -bound[-2] - bound[-1]
+    weights = [1]
+    for c in reversed(caps):
+        weights.insert(0, weights[0] * (c + 1))
+    cost = sum(w * -v for w, v in zip(weights, value[-n:]))
+    low = sum(w * -v for w, v in zip(weights, bound[-n:]))
     return max(0.0, (cost - low) / max(1, cost))
+
+
+def tail_caps(tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]]) -> list[int]:
+    """Ranges of O4 (and O5-O7 with others): the weights of :func:`lexicographic_gap`."""
+    held = sum(len(set(current.get(t.name, ()))) for t in tasks if not is_other(t))
+    if n_tail(tasks) == 2:
+        return [held]
+    others = [t for t in tasks if is_other(t)]
+    sensitive = sum(("cache" in t.sensitive) + ("numa" in t.sensitive) for t in tasks)
+    return [held, sum(1 for t in tasks if not is_other(t) and current.get(t.name)),
+            len(others) * sensitive, sum(len(set(current.get(t.name, ()))) for t in others)]
 
 
 def solve_exact(
@@ -108,7 +127,7 @@ def _solve_cpsat(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Se
             greedy, reason = solve_greedy(view, tasks, current)
         why = reason or "no allocation satisfies every task's min_cores and the constraints together"
         return Outcome(None, why, "infeasible", "cpsat")
-    kept_cap = sum(len(v) for v in current.values())
+    kept_cap = tail_caps(tasks, current)
     best: Alloc | None = None
     best_by = "cpsat"
     gap = None  # set when the packing reached the proven O2
@@ -136,7 +155,8 @@ def _solve_cpsat(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Se
                         best, gap = alloc, better
             if gap == 0:
                 return Outcome(best, None, "optimal", "cpsat")
-            if gap is not None and gap <= ACCEPT_GAP:
+            if gap is not None and gap <= ACCEPT_GAP and len(tasks) * len(view.cpus) > GREEDY_FIRST_PAIRS:
+                # (small instances: the count model is cheap enough to be exact)
                 return Outcome(best, None, "feasible", "cpsat", gap)
     # Greedy as another candidate: not when O2 is proven (it can hardly help),
     # nor, if a packing exists, when it would overrun the time limit.
