@@ -18,6 +18,7 @@ from cod.rm.allocator.oracle import best, search_space
 from cod.rm.allocator.lns import improve
 from cod.rm.allocator.packing import pack
 from cod.rm.allocator.topology import build_view
+from cod.rm.allocator.waterfill import Fill, waterfill_bound
 
 MAX_SPACE = 60_000  # keeps one exhaustive search well under a second
 
@@ -101,6 +102,16 @@ def check_against_oracle(m, tasks, unavailable, view, current=None, others=()):
         assert violations(view, tasks, alloc) == []
         assert objective(view, tasks, alloc, current) == best_obj
     # The bounds that prove answers optimal without search must be valid.
+    wf = waterfill_bound(view, tasks, current or {})
+    if wf is None:
+        assert best_obj is None, "waterfill says infeasible"
+    elif isinstance(wf, Fill) and best_obj is not None:
+        assert wf.objective >= best_obj, (wf, best_obj)
+        packed = pack(view, tasks, current or {}, wf.totals, (wf.spread, wf.moves))
+        if packed is not None:
+            alloc = map_counts(view, tasks, current or {}, packed.counts, packed.cores)
+            assert violations(view, tasks, alloc) == []
+            assert objective(view, tasks, alloc, current) <= best_obj
     rb = relaxed_bound(view, tasks, current or {}, 5.0)
     if best_obj is not None:
         assert isinstance(rb, RelaxedBound), rb
@@ -249,3 +260,7 @@ def test_relaxed_bound_is_valid_on_medium_machines(inst):
     rb = relaxed_bound(view, tasks, {}, 5.0)
     assert isinstance(rb, RelaxedBound), rb
     assert rb.objective >= objective(view, tasks, alloc, {}), (rb, tasks)
+    wf = waterfill_bound(view, tasks, {})
+    assert wf is not None
+    if isinstance(wf, Fill):
+        assert wf.objective >= objective(view, tasks, alloc, {}), (wf, tasks)

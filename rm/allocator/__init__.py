@@ -26,6 +26,7 @@ from .problem import as_tasks, check_names
 from .topology import View, build_view
 
 __all__ = [
+    "Allocator",
     "allocate",
     "AllocationResult",
     "OtherDemand",
@@ -74,7 +75,7 @@ def allocate(
 
     if solver == "greedy":
         alloc, reason = solve_greedy(view, everyone, cur)
-        out = Outcome(alloc, reason, "feasible" if alloc is not None else "infeasible", "greedy")
+        out = Outcome(alloc, reason, "feasible" if alloc is not None else "infeasible", "greedy", via="greedy")
     else:
         out = solve_exact(view, everyone, cur, solver, time_limit_s)
     return _result(view, everyone, cur, out, start, len(unavailable))
@@ -83,9 +84,32 @@ def allocate(
 def _result(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]], out: Outcome,
             start: float, n_unavailable: int) -> AllocationResult:
     if out.alloc is None:
-        return AllocationResult("infeasible", out.solver, (time.perf_counter() - start) * 1e3, (), out.reason)
+        return AllocationResult("infeasible", out.solver, (time.perf_counter() - start) * 1e3, (), out.reason,
+                                via=out.via)
     explained = explain(view, tasks, out.alloc, n_unavailable, current)
     reservations = explain_reservations(view, tasks, out.alloc, current)
     gap = out.gap if out.status == "feasible" else None
     return AllocationResult(out.status, out.solver, (time.perf_counter() - start) * 1e3, explained, None, gap,
-                            reservations)
+                            reservations, out.via)
+
+
+class Allocator:
+    """The allocator the RM keeps between calls: one machine, its view and the
+    last published allocation, so that one arrival or departure is re-planned
+    from there (see docs/design-allocator.md, "Incremental re-planning")."""
+
+    def __init__(self, machine: Machine, *, solver: str = "cpsat", time_limit_s: float = 1.0) -> None:
+        if solver not in SOLVERS:
+            raise ValueError(f"solver: must be one of {', '.join(SOLVERS)}, got {solver!r}")
+        self.machine = machine
+        self.solver = solver
+        self.time_limit_s = time_limit_s
+
+    def allocate(self, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]] | None = None, *,
+                 others: Sequence[OtherDemand] = (), unavailable: Iterable[int] = (),
+                 time_limit_s: float | None = None) -> AllocationResult:
+        return allocate(self.machine, tasks, current, others=others, unavailable=unavailable, solver=self.solver,
+                        time_limit_s=self.time_limit_s if time_limit_s is None else time_limit_s)
+
+    def reset(self, tasks: Sequence[TaskSpec] = (), published: Mapping[str, Sequence[int]] | None = None) -> None:
+        """Forget what was learnt (benchmarks: the same state before each change)."""

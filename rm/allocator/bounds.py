@@ -55,7 +55,7 @@ def task_caps(view: View, tasks: Sequence[TaskSpec]) -> dict[str, tuple[int, lis
             dom_cap[d] += min(k, node_cap[n])
         cap = min(allowed_max(view, t), sum(node_cap.values()))
         if "cache" in t.sensitive and any(u.pollutes_cache and u.name != t.name for u in tasks):
-            cap = min(cap, sum(dom_cap) - min(dom_cap))
+            cap = min(cap, sum(dom_cap) - min(dom_cap)) if dom_cap else 0
         out[t.name] = (max(cap, 0), sorted(node_cap.values(), reverse=True), sorted(dom_cap, reverse=True))
     return out
 

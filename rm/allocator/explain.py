@@ -194,3 +194,80 @@ class _Blockers:
                     reasons.add(b)
         reasons.update(r for r, n in left.items() if n > 0)
         return reasons
+
+
+def infeasibility_reason(view: View, tasks: Sequence[TaskSpec], fallback: str | None) -> str:
+    """Why no allocation gives every task its ``min_cores``, with the figures:
+    the first of these that holds, else ``fallback`` (greedy's account of the
+    task it could not place)."""
+    from .bounds import task_caps
+    from .problem import is_e1
+
+    registered = [t for t in tasks if not is_other(t)]
+    n = len(view.cpus)
+    caps = task_caps(view, registered)
+    for t in registered:
+        allowed_n = min(n, t.max_cores or n)
+        if t.min_cores > n:
+            return f"task {t.name!r} needs min_cores={t.min_cores} but only {n} CPUs are available"
+        cap = caps[t.name][0]
+        if t.min_cores <= cap:
+            continue
+        node_caps = caps[t.name][1]
+        if t.working_set_bytes and sum(node_caps) < t.min_cores:
+            per_node = []
+            for node in sorted(view.nodes):
+                free = view.node_free.get(node)
+                if free is not None:
+                    per_node.append(f"node {node}: {_gib(free)} free -> {free // t.working_set_bytes}")
+            return (f"task {t.name!r} needs min_cores={t.min_cores} with a working set of "
+                    f"{_gib(t.working_set_bytes)} per CPU, but the NUMA nodes' free memory holds at most "
+                    f"{sum(node_caps)} such CPUs ({_summary(per_node)})")
+        if "cache" in t.sensitive and cap < allowed_n:
+            pol = sorted(u.name for u in registered if u.pollutes_cache and u.name != t.name)
+            return (f"task {t.name!r} needs min_cores={t.min_cores}, cache-sensitive: it shares no L3 domain with "
+                    f"{', '.join(pol[:3])}{' ...' if len(pol) > 3 else ''}, which leaves it at most {cap} CPUs")
+    k = min((g.threads for g in view.classes), default=1)
+    use = {t.name: k * -(-t.min_cores // k) if is_e1(t) and k > 1 else t.min_cores for t in registered}
+    excl = sum(use[t.name] for t in registered if t.exclusive)
+    shared = max((t.min_cores for t in registered if not t.exclusive), default=0)
+    if excl + shared > n:
+        return (f"the tasks' min_cores need {excl + shared} CPUs together ({_largest(registered, use)}"
+                + ("; whole cores where SMT siblings stay idle" if k > 1 else "")
+                + ("; shared tasks share theirs" if shared else "") + f") but {n} are available")
+    if all(f is not None for f in view.node_free.values()):
+        need = {t.name: t.min_cores * t.working_set_bytes for t in registered if t.working_set_bytes}
+        have = sum(view.node_free.values())
+        if sum(need.values()) > have:
+            return (f"the tasks' working sets at their min_cores need {_gib(sum(need.values()))} together "
+                    f"({_largest([t for t in registered if t.name in need], need, _gib)}) but the NUMA nodes "
+                    f"have {_gib(have)} free")
+    return fallback or "no allocation satisfies every task's min_cores and the constraints together"
+
+
+def _largest(tasks: Sequence[TaskSpec], amount: Mapping[str, int], fmt=str) -> str:
+    """The three largest amounts by task, and the lowest-priority task (the one
+    a refusal is about), e.g. "'db' 32, 'late' 1 and 3 more"."""
+    ordered = sorted(tasks, key=lambda t: (-amount[t.name], t.name))
+    shown = ordered[:3]
+    last = min(tasks, key=lambda t: (t.priority, -amount[t.name], t.name))
+    if last not in shown:
+        shown.append(last)
+    text = ", ".join(f"{t.name!r} {fmt(amount[t.name])}" for t in shown)
+    return text + (f" and {len(tasks) - len(shown)} more" if len(tasks) > len(shown) else "")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.3g} GiB"
+
+
+def _summary(items: list[str]) -> str:
+    """Identical figures are counted, not repeated (64 nodes make one short line)."""
+    seen: dict[str, int] = {}
+    for item in items:
+        figure = item.split(": ", 1)[1]
+        seen[figure] = seen.get(figure, 0) + 1
+    if len(seen) == 1 and len(items) > 1:
+        figure = next(iter(seen))
+        return f"{len(items)} nodes with {figure} each"
+    return ", ".join(items[:8]) + (" ..." if len(items) > 8 else "")

@@ -219,15 +219,24 @@ def _greedy(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequenc
 
 
 def admission_reason(state: GreedyState, task: TaskSpec, got: int) -> str:
-    """Why ``task`` got only ``got`` of its ``min_cores``: the blockers, counted."""
+    """Why ``task`` got only ``got`` of its ``min_cores`` after the tasks before
+    it: the blockers, counted by kind ("exclusive neighbour" of any task counts
+    once, with up to three names), so a refusal on 1,024 CPUs stays one line."""
     counts: dict[str, int] = {}
+    names: dict[str, list[str]] = {}
     for c in state.view.cpus:
         b = state.blocker(task, c)
-        if b is not None and b != "held":
-            counts[b] = counts.get(b, 0) + 1
-    why = ", ".join(f"{n} CPUs: {b}" for b, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        if b is None or b == "held":
+            continue
+        kind, _, who = b.rpartition(" ") if b.split(" ")[-1] in state.tasks else (b, "", "")
+        counts[kind] = counts.get(kind, 0) + 1
+        if who and who not in names.setdefault(kind, []):
+            names[kind].append(who)
+    parts = []
+    for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        who = names.get(kind, [])
+        shown = f" ({', '.join(who[:3])}{f' and {len(who) - 3} more' if len(who) > 3 else ''})" if who else ""
+        parts.append(f"{n} CPUs: {kind}{shown}")
     total = len(state.view.cpus)
-    return (
-        f"task {task.name!r} needs min_cores={task.min_cores} but only {got} of {total} available "
-        f"CPUs can be given to it" + (f" ({why})" if why else "")
-    )
+    return (f"task {task.name!r} needs min_cores={task.min_cores}; after the tasks placed before it, "
+            f"{got} of the {total} available CPUs can be given to it" + (f" ({'; '.join(parts)})" if parts else ""))

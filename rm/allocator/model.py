@@ -214,6 +214,9 @@ class AllocationResult:
     gap: float | None = None
     # CPUs kept for unregistered busy processes (the ``others`` of allocate)
     reservations: tuple[Reservation, ...] = ()
+    # how the answer was found and proven, e.g. "packing = relaxation bound"
+    # (for benchmarks and debugging; not part of to_dict)
+    via: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = {
