@@ -42,6 +42,7 @@ class GreedyState:
         self.domain_polluters: dict[int, set[str]] = {d: set() for d in range(view.n_domains)}
         self.domain_sensitive: dict[int, set[str]] = {d: set() for d in range(view.n_domains)}
         self.allowed = {t.name: allowed_cpus(view, t) for t in tasks if is_other(t)}
+        self.others = set(self.allowed)  # names of unregistered processes
 
     def blocker(self, task: TaskSpec, c: int) -> str | None:
         """Why ``task`` cannot take CPU ``c`` now (None: it can)."""
@@ -52,10 +53,11 @@ class GreedyState:
                 return "held"
             if task.exclusive or any(self.tasks[o].exclusive for o in here):
                 o = min(here)
-                return f"reserved for {o}" if is_other(self.tasks[o]) else f"exclusive neighbour {o}"
-        allowed = self.allowed.get(task.name)
-        if allowed is not None and c not in allowed:
-            return "not allowed"
+                return f"reserved for {o}" if o in self.others else f"exclusive neighbour {o}"
+        if self.allowed:
+            allowed = self.allowed.get(task.name)
+            if allowed is not None and c not in allowed:
+                return "not allowed"
         for s in v.siblings[c]:
             near = self.holders[s]
             if not near or (len(near) == 1 and task.name in near):
@@ -65,7 +67,7 @@ class GreedyState:
                 if ot.exclusive and not ot.allow_smt_sharing:
                     return f"SMT sibling of {o}"
                 if task.exclusive and not task.allow_smt_sharing:
-                    return f"SMT sibling {'reserved for' if is_other(ot) else 'held by'} {o}"
+                    return f"SMT sibling {'reserved for' if o in self.others else 'held by'} {o}"
         if task.working_set_bytes:
             node = v.node_of[c]
             free = v.node_free.get(node)

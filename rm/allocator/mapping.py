@@ -52,11 +52,16 @@ def map_counts(
     current: Mapping[str, Sequence[int]],
     counts: Mapping[str, Mapping[int, int]],
     cores: Mapping[str, Mapping[int, int]],
+    classes: set[int] | None = None,
 ) -> dict[str, list[int]]:
+    """CPUs per task for these counts; ``classes``: only those classes (an
+    incremental re-plan keeps the CPUs of every other class as they are)."""
     out: dict[str, list[int]] = {t.name: [] for t in tasks}
     cur = {t.name: set(current.get(t.name, ())) for t in tasks}
     by_name = sorted(tasks, key=lambda t: t.name)
     for g in view.classes:
+        if classes is not None and g.index not in classes:
+            continue
         here = [t for t in by_name if counts[t.name].get(g.index, 0)]
         if not here:
             continue
@@ -69,7 +74,7 @@ def map_counts(
         for name, cpus in got.items():
             out[name].extend(cpus)
     out = {name: sorted(cpus) for name, cpus in out.items()}
-    if any(cur.values()) and len(tasks) * len(view.cpus) <= EXACT_MAPPING_PAIRS:
+    if classes is None and any(cur.values()) and len(tasks) * len(view.cpus) <= EXACT_MAPPING_PAIRS:
         bound = _bound(view, tasks, counts, cur)
         if _value(tasks, out, cur) < bound:
             from .naive import solve_naive  # the CPU-level model, counts fixed

@@ -60,6 +60,57 @@ class _State:
         # C7: the classes an other may use (absent: any)
         self.allowed = {t.name: view.allowed_classes(t.allowed) for t in tasks if is_other(t) and t.allowed is not None}
 
+    @classmethod
+    def of(cls, view: View, tasks: Sequence[TaskSpec], alloc: Mapping[str, Sequence[int]]) -> "_State":
+        """The counts of a CPU-level allocation (whole cores for E1 tasks)."""
+        st = cls(view, tasks)
+        class_of = {c: g.index for g in view.classes for c in g.cpus}
+        for t in tasks:
+            per: dict[int, list[int]] = {}
+            for c in alloc.get(t.name, ()):
+                if c in class_of:
+                    per.setdefault(class_of[c], []).append(c)
+            for gi, cpus in per.items():
+                if is_e1(t):  # set_count derives whole cores from the count: use the cores held
+                    st.cores[t.name][gi] = 0
+                st.set_count(t, gi, len(cpus))
+                if is_e1(t):
+                    n_cores = len({view.core_of[c] for c in cpus})
+                    g = view.classes[gi]
+                    st.excl[gi] += (n_cores - st.cores[t.name][gi]) * g.threads
+                    st.cores[t.name][gi] = n_cores
+                    st.room[gi] = g.size - st.excl[gi] - st.pool[gi]
+        return st
+
+    def copy(self) -> "_State":
+        st = _State.__new__(_State)
+        st.view, st.tasks = self.view, dict(self.tasks)
+        st.room, st.pool, st.excl = dict(self.room), dict(self.pool), dict(self.excl)
+        st.shared = {gi: dict(v) for gi, v in self.shared.items()}
+        st.mem = dict(self.mem)
+        st.polluters = {d: dict(v) for d, v in self.polluters.items()}
+        st.sensitive = {d: dict(v) for d, v in self.sensitive.items()}
+        st.counts = {n: dict(v) for n, v in self.counts.items()}
+        st.cores = {n: dict(v) for n, v in self.cores.items()}
+        st.allowed = dict(self.allowed)
+        return st
+
+    def add_task(self, t: TaskSpec) -> None:
+        self.tasks[t.name] = t
+        self.counts[t.name] = {}
+        if is_e1(t):
+            self.cores[t.name] = {}
+        if is_other(t) and t.allowed is not None:
+            self.allowed[t.name] = self.view.allowed_classes(t.allowed)
+
+    def remove_task(self, name: str) -> None:
+        t = self.tasks[name]
+        for gi in list(self.counts[name]):
+            self.set_count(t, gi, 0)
+        del self.tasks[name], self.counts[name]
+        self.cores.pop(name, None)
+        self.allowed.pop(name, None)
+
     def avail(self, t: TaskSpec, gi: int, pool_only: bool = False) -> int:
         """Most PUs ``t`` can add in class ``gi`` to what it holds there;
         ``pool_only``: for a shareable task, without growing the shared pool."""

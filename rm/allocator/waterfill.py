@@ -48,8 +48,14 @@ from .model import TaskSpec
 from .problem import is_e1, is_other, priority_levels
 from .topology import View
 
-# Up to this many possible pool sizes every one is tried; beyond, bisection.
-SCAN_POOL_SIZES = 192
+# Up to this many possible pool sizes (or clean parts of the pool) every one
+# is tried; beyond, bisection.
+SCAN_POOL_SIZES = 64
+# Evaluations of the levels this bound may spend (about 5 us each) before it
+# leaves the case to the CP-SAT relaxation: q x pool sizes x splits grows fast
+# on large machines with polluters and shareable tasks (128 tasks on 384 PUs:
+# up to 80 000 evaluations, 400 ms).
+WORK_BUDGET = 1500
 
 
 @dataclass(frozen=True)
@@ -82,20 +88,23 @@ def waterfill_bound(view: View, tasks: Sequence[TaskSpec], current: Mapping[str,
                     ) -> Fill | None | str:
     """:class:`Fill`; None when the relaxation (so the problem) is infeasible;
     "unsupported" for the cases listed in the module doc."""
-    caps = caps if caps is not None else task_caps(view, tasks)
     levels = priority_levels(tasks)
     level_of = {p: i for i, p in enumerate(levels)}
     isolated = [t for t in tasks if t.pollutes_cache and "cache" in t.sensitive]
-    polluters = [t for t in tasks if t.pollutes_cache and t not in isolated]
-    sensitive = [t for t in tasks if "cache" in t.sensitive and t not in isolated]
+    polluters = [t for t in tasks if t.pollutes_cache and "cache" not in t.sensitive]
+    sensitive = [t for t in tasks if "cache" in t.sensitive and not t.pollutes_cache]
     coupled = bool((polluters and sensitive) or (isolated and (polluters or sensitive or len(isolated) > 1)))
     dom_size = [0] * view.n_domains
     for g in view.classes:
         dom_size[g.domain] += g.size
     if coupled and len(set(dom_size)) > 1:
         return "unsupported"
+    pool_range = len(view.cpus) + 1 if any(not t.exclusive for t in tasks) else 1
+    n_q = max(1, view.n_domains) if coupled else 1
+    if n_q * _search_cost(pool_range) * (_search_cost(pool_range) if coupled else 1) > WORK_BUDGET:
+        return "unsupported"
+    caps = caps if caps is not None else task_caps(view, tasks)
     k = math.gcd(*(g.threads for g in view.classes)) if view.classes else 1
-    n_cpus = len(view.cpus)
     base: list[_Task] = []
     for t in tasks:
         cap = caps[t.name][0]
@@ -103,24 +112,28 @@ def waterfill_bound(view: View, tasks: Sequence[TaskSpec], current: Mapping[str,
             return None
         use = k * -(-t.min_cores // k) if is_e1(t) and k > 1 else t.min_cores
         group = "n"
-        if coupled and t not in isolated and t.exclusive:
+        if coupled and not (t.pollutes_cache and "cache" in t.sensitive):
             group = "c" if "cache" in t.sensitive else "p" if t.pollutes_cache else "n"
         base.append(_Task(t, level_of[t.priority], t.min_cores, cap, use, group))
-
     # isolated tasks take the fewest domains their min_cores need from the others
     n_dom = view.n_domains - (sum(fewest(caps[t.name][2], t.min_cores) for t in isolated) if coupled else 0)
-    best: tuple[tuple[int, ...], int, int] | None = None  # (levels, P, q)
+    size = dom_size[0] if dom_size else 0
+    shape = _Shape(len(view.cpus), len(levels), coupled, n_dom, size, (view.n_domains - n_dom) * size)
+
+    best: tuple[tuple[int, ...], _Fixed, int, int] | None = None  # (levels, problem for q, P, s)
     # q: domains holding (plain) polluters; the others are clean
     q_range = range(1 if polluters else 0, n_dom - (1 if sensitive else 0) + 1) if coupled else (0,)
     for q in q_range:
-        got = _best_pool(base, levels, n_cpus, k, q, n_dom, dom_size[0] if dom_size else 0, caps, coupled)
+        fixed = _fix(base, shape, q, caps)
+        if fixed is None:
+            continue
+        got = fixed.best()
         if got is not None and (best is None or got[0] > best[0]):
-            best = (got[0], got[1], q)
+            best = (got[0], fixed, got[1], got[2])
     if best is None:
         return None
-    u, pool, q = best
-    tasks_q = _with_q(base, q, n_dom, caps, coupled)
-    totals = _totals(tasks_q, levels, n_cpus, k, pool, q, n_dom, dom_size[0] if dom_size else 0)
+    u, fixed, pool, split = best
+    totals = fixed.totals(pool, split)
 
     # O3 / O4 among every solution reaching u: least / most each task can hold.
     cap_sum = [0] * len(levels)
@@ -140,141 +153,186 @@ def waterfill_bound(view: View, tasks: Sequence[TaskSpec], current: Mapping[str,
     return Fill(u, spread, moves, totals, tail_bound(tasks, moves))
 
 
-def _with_q(base: list[_Task], q: int, n_dom: int, caps, coupled: bool) -> list[_Task]:
-    """The tasks with C5 applied for q polluted domains: a cache-sensitive task
-    holds at most its n_dom - q largest domain capacities, a polluter its q largest."""
-    if not coupled:
-        return base
-    out = []
-    for t in base:
-        dom_caps = caps[t.spec.name][2]
-        cap = t.cap
-        both = t.spec.pollutes_cache and "cache" in t.spec.sensitive
-        if "cache" in t.spec.sensitive and not both:
-            cap = min(cap, sum(dom_caps[: n_dom - q]))
-        elif t.spec.pollutes_cache and not both:
-            cap = min(cap, sum(dom_caps[:q]))
-        out.append(_Task(t.spec, t.level, t.lo, cap, t.use, t.group))
-    return out
+@dataclass(frozen=True)
+class _Shape:
+    cpus: int
+    levels: int
+    coupled: bool
+    domains: int  # L3 domains the clean and polluted kinds share (isolated tasks' taken out)
+    domain_size: int
+    isolated_room: int  # PUs of the domains isolated tasks take (the pool may lie there too)
 
 
-def _best_pool(base, levels, n_cpus, k, q, n_dom, dom_size, caps, coupled):
-    """(levels, P) maximising the levels for this q, or None if infeasible."""
-    tasks = _with_q(base, q, n_dom, caps, coupled)
-    if any(t.lo > t.cap for t in tasks):
-        return None
-    shared = [t for t in tasks if not t.spec.exclusive]
-    excl = [t for t in tasks if t.spec.exclusive]
-    used = sum(t.use for t in excl)
-    rooms = None
-    if coupled:
-        rooms = {"c": (n_dom - q) * dom_size - sum(t.use for t in excl if t.group == "c"),
-                 "p": q * dom_size - sum(t.use for t in excl if t.group == "p")}
-        if rooms["c"] < 0 or rooms["p"] < 0:
-            return None
-    lo_pool = max((t.lo for t in shared), default=0)
-    hi_pool = n_cpus - used if shared else 0
-    if hi_pool < lo_pool:
-        return None
-    prep = _prepare(tasks, levels, k)
+class _Fixed:
+    """The relaxation for one number q of polluted domains: tasks with their
+    caps for q, per level the sorted caps of shareable tasks per group, the
+    CPUs exclusive tasks hold at their min_cores and what they want beyond."""
 
-    def value(pool: int) -> tuple[int, ...]:
-        return _levels(prep, levels, n_cpus - used - pool, pool, rooms)
+    def __init__(self, tasks: list[_Task], shape: _Shape, q: int) -> None:
+        self.tasks, self.shape, self.q = tasks, shape, q
+        excl = [t for t in tasks if t.spec.exclusive]
+        shared = [t for t in tasks if not t.spec.exclusive]
+        self.used = sum(t.use for t in excl)
+        self.rooms = {"c": (shape.domains - q) * shape.domain_size - sum(t.use for t in excl if t.group == "c"),
+                      "p": q * shape.domain_size - sum(t.use for t in excl if t.group == "p")}
+        n = shape.levels
+        self.fixed = [0] * n
+        self.demand = [{"n": 0, "c": 0, "p": 0} for _ in range(n)]
+        self.shared_caps = [{"n": [], "c": [], "p": []} for _ in range(n)]
+        for t in excl:
+            slack = min(t.use, t.cap) - t.lo  # an E1 task's min rounded up to whole cores costs nothing more
+            self.fixed[t.level] += t.lo + slack
+            self.demand[t.level][t.group] += t.cap - t.lo - slack
+        for t in shared:
+            self.shared_caps[t.level][t.group].append(t.cap)
+        self.prefix = []
+        for per in self.shared_caps:
+            pre = {}
+            for grp, c in per.items():
+                c.sort()
+                acc = [0]
+                for v in c:
+                    acc.append(acc[-1] + v)
+                pre[grp] = acc
+            self.prefix.append(pre)
+        self.lo_pool = {"n": max((t.lo for t in shared if t.group == "n"), default=0),
+                        "c": max((t.lo for t in shared if t.group == "c"), default=0),
+                        "p": max((t.lo for t in shared if t.group == "p"), default=0)}
+        self.has_shared = bool(shared)
 
-    if not shared:
-        return value(0), 0
-    if hi_pool - lo_pool <= SCAN_POOL_SIZES:
-        best_pool = max(range(lo_pool, hi_pool + 1), key=lambda p: (value(p), -p))
-        return value(best_pool), best_pool
-    # bisection on the sign of the marginal gain of one more pool PU
-    a, b = lo_pool, hi_pool
-    while a < b:
-        mid = (a + b) // 2
-        if value(mid + 1) > value(mid):
-            a = mid + 1
-        else:
-            b = mid
-    return value(a), a
+    def feasible(self) -> bool:
+        return self.used <= self.shape.cpus and (not self.shape.coupled or min(self.rooms.values()) >= 0)
 
+    def _polluted_left(self, pool: int, split: int) -> int:
+        """Polluted room left beside the pool's non-clean part (which may lie
+        in isolated tasks' domains first: generous, so still a bound)."""
+        return self.rooms["p"] - max(0, pool - split - self.shape.isolated_room)
 
-@dataclass
-class _Prepared:
-    shared_caps: list[list[int]]  # per level: sorted caps of shareable tasks
-    shared_prefix: list[list[int]]
-    fixed: list[int]  # per level: min_cores + free whole-core slack of exclusive tasks
-    demand: list[dict[str, int]]  # per level and group: exclusive CPUs wanted beyond that
+    def split_range(self, pool: int) -> tuple[int, int]:
+        """Clean part s of a pool of ``pool`` PUs (the polluted part is pool - s)."""
+        if not self.shape.coupled:
+            return 0, 0
+        lo = max(self.lo_pool["c"], pool - self.rooms["p"] - self.shape.isolated_room)
+        hi = min(pool - self.lo_pool["p"], self.rooms["c"])
+        return lo, hi
 
-
-def _prepare(tasks: list[_Task], levels, k: int) -> _Prepared:
-    n = len(levels)
-    caps_by: list[list[int]] = [[] for _ in range(n)]
-    fixed = [0] * n
-    demand = [{"n": 0, "c": 0, "p": 0} for _ in range(n)]
-    for t in tasks:
-        if not t.spec.exclusive:
-            caps_by[t.level].append(t.cap)
-            continue
-        slack = min(t.use, t.cap) - t.lo  # an E1 task's min rounded up to whole cores costs nothing more
-        fixed[t.level] += t.lo + slack
-        demand[t.level][t.group] += t.cap - t.lo - slack
-    prefix = []
-    for c in caps_by:
-        c.sort()
-        acc = [0]
-        for v in c:
-            acc.append(acc[-1] + v)
-        prefix.append(acc)
-    return _Prepared(caps_by, prefix, fixed, demand)
-
-
-def _levels(prep: _Prepared, levels, room: int, pool: int, rooms: dict[str, int] | None) -> tuple[int, ...]:
-    out = []
-    left = dict(rooms) if rooms else None
-    for j in range(len(levels)):
-        caps = prep.shared_caps[j]
-        i = bisect.bisect_right(caps, pool)  # caps <= pool count in full
-        shared = prep.shared_prefix[j][i] + pool * (len(caps) - i)
-        d = prep.demand[j]
-        g = min(d["n"], room)
-        room -= g
-        for grp in ("c", "p"):
-            if d[grp]:
-                x = min(d[grp], room, left[grp] if left else room)
-                room -= x
-                g += x
-                if left:
-                    left[grp] -= x
-        out.append(shared + prep.fixed[j] + g)
-    return tuple(out)
-
-
-def _totals(tasks: list[_Task], levels, n_cpus: int, k: int, pool: int, q: int, n_dom: int, dom_size: int
-            ) -> dict[str, int]:
-    """Totals reaching the levels of (pool, q): the extra CPUs of a level go to
-    tasks without sensitivity first, then to sensitive ones in the order of
-    how little they grow in nodes / domains."""
-    excl = [t for t in tasks if t.spec.exclusive]
-    room = n_cpus - sum(t.use for t in excl) - pool
-    left = None
-    if any(t.group != "n" for t in tasks):
-        left = {"c": (n_dom - q) * dom_size - sum(t.use for t in excl if t.group == "c"),
-                "p": q * dom_size - sum(t.use for t in excl if t.group == "p")}
-    out: dict[str, int] = {}
-    for t in tasks:
-        if not t.spec.exclusive:
-            out[t.spec.name] = min(t.cap, pool)
-        else:
-            out[t.spec.name] = t.lo + (min(t.use, t.cap) - t.lo)
-    for j in range(len(levels)):
-        here = [t for t in excl if t.level == j]
-        for grp in ("n", "c", "p"):
-            for t in sorted((t for t in here if t.group == grp),
-                            key=lambda t: (len(t.spec.sensitive), is_other(t.spec), t.spec.name)):
-                want = t.cap - out[t.spec.name]
-                x = min(want, room, left[grp] if left and grp != "n" else room)
-                if x > 0:
-                    out[t.spec.name] += x
+    def value(self, pool: int, split: int) -> tuple[int, ...]:
+        room = self.shape.cpus - self.used - pool
+        sub = {"n": pool, "c": split, "p": pool - split}
+        left = {"c": self.rooms["c"] - split, "p": self._polluted_left(pool, split)} if self.shape.coupled else None
+        out = []
+        for j in range(self.shape.levels):
+            total = self.fixed[j]
+            for grp, caps in self.shared_caps[j].items():
+                if caps:
+                    i = bisect.bisect_right(caps, sub[grp])
+                    total += self.prefix[j][grp][i] + sub[grp] * (len(caps) - i)
+            d = self.demand[j]
+            g = min(d["n"], room)
+            room -= g
+            for grp in ("c", "p"):
+                if d[grp]:
+                    x = min(d[grp], room, left[grp] if left else room)
                     room -= x
-                    if left and grp != "n":
+                    g += x
+                    if left:
                         left[grp] -= x
-    return out
+            out.append(total + g)
+        return tuple(out)
+
+    def best(self) -> tuple[tuple[int, ...], int, int] | None:
+        """(levels, P, s) maximising the levels, or None if infeasible."""
+        if not self.feasible():
+            return None
+        if not self.has_shared and not self.shape.coupled:
+            return self.value(0, 0), 0, 0
+        lo_pool = max(self.lo_pool.values()) if not self.shape.coupled else \
+            max(self.lo_pool["n"], self.lo_pool["c"] + self.lo_pool["p"])
+        hi_pool = self.shape.cpus - self.used
+        if not self.has_shared:
+            hi_pool = lo_pool = 0  # no pool: nothing to split
+
+        def inner(pool: int) -> tuple[tuple[int, ...], int] | None:
+            a, b = self.split_range(pool)
+            if a > b:
+                return None
+            s = _argmax(lambda x: self.value(pool, x), a, b)
+            return self.value(pool, s), s
+
+        pools = {}
+
+        def outer(pool: int) -> tuple[int, ...]:
+            if pool not in pools:
+                pools[pool] = inner(pool)
+            got = pools[pool]
+            return got[0] if got is not None else ()  # () is below every value
+
+        if hi_pool < lo_pool:
+            return None
+        pool = _argmax(outer, lo_pool, hi_pool)
+        got = pools.get(pool) or inner(pool)
+        if got is None:
+            return None
+        return got[0], pool, got[1]
+
+    def totals(self, pool: int, split: int) -> dict[str, int]:
+        """Totals reaching value(pool, split): the extra CPUs of a level go to
+        tasks without sensitivity first, then to sensitive ones."""
+        sub = {"n": pool, "c": split, "p": pool - split}
+        room = self.shape.cpus - self.used - pool
+        left = {"c": self.rooms["c"] - split, "p": self._polluted_left(pool, split)} if self.shape.coupled else None
+        out: dict[str, int] = {}
+        excl = [t for t in self.tasks if t.spec.exclusive]
+        for t in self.tasks:
+            out[t.spec.name] = min(t.cap, sub[t.group]) if not t.spec.exclusive else min(t.use, t.cap)
+        for j in range(self.shape.levels):
+            here = [t for t in excl if t.level == j]
+            for grp in ("n", "c", "p"):
+                for t in sorted((t for t in here if t.group == grp),
+                                key=lambda t: (len(t.spec.sensitive), is_other(t.spec), t.spec.name)):
+                    x = min(t.cap - out[t.spec.name], room, left[grp] if left and grp != "n" else room)
+                    if x > 0:
+                        out[t.spec.name] += x
+                        room -= x
+                        if left and grp != "n":
+                            left[grp] -= x
+        return out
+
+
+def _fix(base: list[_Task], shape: _Shape, q: int, caps) -> _Fixed | None:
+    """The tasks with C5 applied for q polluted domains: a cache-sensitive task
+    holds at most its ``domains - q`` largest domain capacities, a polluter its q largest."""
+    tasks = base
+    if shape.coupled:
+        tasks = []
+        for t in base:
+            dom_caps = caps[t.spec.name][2]
+            cap = t.cap
+            if t.group == "c":
+                cap = min(cap, sum(dom_caps[: shape.domains - q]))
+            elif t.group == "p":
+                cap = min(cap, sum(dom_caps[:q]))
+            if t.lo > cap:
+                return None
+            tasks.append(_Task(t.spec, t.level, t.lo, cap, t.use, t.group))
+    return _Fixed(tasks, shape, q)
+
+
+def _search_cost(n: int) -> int:
+    """Evaluations :func:`_argmax` spends on a range of ``n`` values."""
+    return n if n <= SCAN_POOL_SIZES + 1 else 2 * max(1, n.bit_length())
+
+
+def _argmax(f, lo: int, hi: int) -> int:
+    """The smallest x in [lo, hi] maximising f: every x when the range is
+    short, else bisection on the sign of f(x + 1) - f(x), which only
+    decreases (the marginal value of one more pool PU)."""
+    if hi - lo <= SCAN_POOL_SIZES:
+        return max(range(lo, hi + 1), key=lambda x: (f(x), -x))
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if f(mid + 1) > f(mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
