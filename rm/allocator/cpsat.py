@@ -90,6 +90,7 @@ def _build(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence
     c: dict[tuple[str, int], cp_model.IntVar] = {}
     kept: list[cp_model.IntVar] = []
     kept_of: dict[str, list[cp_model.IntVar]] = {}
+    kept_at: dict[tuple[str, int], cp_model.IntVar] = {}
     total_current = 0
     shared = [t for t in tasks if not t.exclusive]
     pool = {g.index: m.new_int_var(0, g.size, f"s{g.index}") for g in G} if shared else {}
@@ -119,9 +120,33 @@ def _build(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence
                 kv = m.new_int_var(0, cur_in[g.index], f"k{t.name}_{g.index}")
                 m.add(kv <= v)
                 kept_of.setdefault(t.name, []).append(kv)
+                kept_at[t.name, g.index] = kv
                 if not is_other(t):
                     kept.append(kv)
         m.add_linear_constraint(sum(x[t.name, g.index] for g in G), t.min_cores, hi)  # C2
+
+    # A CPU two tasks hold now (a current allocation from elsewhere, or tasks
+    # changed) can be kept by both only if both are shareable: per class, the
+    # total kept is at most what the CPUs held now can give.  Without it every
+    # count vector claimed one kept CPU too many and the exactness loop of
+    # solve_counts excluded vectors until the time limit (14 in 1 s on a
+    # MagnyCours family instance).
+    holders: dict[int, list[TaskSpec]] = {}
+    for t in tasks:
+        for cpu in set(current.get(t.name, ())):
+            if cpu in class_of:
+                holders.setdefault(cpu, []).append(t)
+    if any(len(h) > 1 for h in holders.values()):
+        can_keep: dict[int, int] = {}
+        held_in: dict[int, int] = {}
+        for cpu, hs in holders.items():
+            gi = class_of[cpu]
+            shared_h = sum(1 for t in hs if not t.exclusive)
+            can_keep[gi] = can_keep.get(gi, 0) + (len(hs) if shared_h == len(hs) else max(1, shared_h))
+            held_in[gi] = held_in.get(gi, 0) + len(hs)
+        for gi, cap in can_keep.items():
+            if cap < held_in[gi]:
+                m.add(sum(kv for (name, g_i), kv in kept_at.items() if g_i == gi) <= cap)
 
     for g in G:  # C3 + C6
         load = []
