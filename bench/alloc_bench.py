@@ -43,14 +43,14 @@ from pathlib import Path
 
 from cod.facts import hwloc_xml, machines
 from cod.facts.synthetic import GIB, MIB, Shape, build
-from cod.rm.allocator import Allocator, OtherDemand, TaskSpec, allocate
+from cod.rm.allocator import Allocator, TaskSpec, allocate
 from cod.rm.allocator.bounds import RelaxedBound, relaxed_bound
 from cod.rm.allocator.cpsat import _build as build_count_model
 from cod.rm.allocator.explain import explain
 from cod.rm.allocator.mapping import map_counts
 from cod.rm.allocator.packing import pack
 from cod.rm.allocator.problem import moves, objective, violations
-from cod.rm.allocator.solve import ACCEPT_GAP, lexicographic_gap
+from cod.rm.allocator.solve import ACCEPT_GAP
 from cod.rm.allocator.topology import build_view
 
 HWLOC_DIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "topologies" / "hwloc"

@@ -4,8 +4,6 @@ with one task removed or added moves no core of an unaffected task."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from cod.facts import hwloc_xml, machines

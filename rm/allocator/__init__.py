@@ -1,13 +1,15 @@
-"""The global allocator (issue #5): a pure function from (machine, tasks,
-current allocation) to an allocation; no sockets, cgroups or Prolog.
+"""The global allocator (issues #5, #18, #19): a pure function from (machine,
+tasks, current allocation, unregistered busy processes) to an allocation and
+reservations; no sockets, cgroups or Prolog.  :class:`Allocator` is the same
+with memory of its last answer, so the RM re-plans one change incrementally.
 
-Solvers: ``cpsat`` (a lexicographic relaxation bound, a best-fit packing and
-small CP-SAT neighbourhoods that usually prove the answer without search, then
-the count model over classes of interchangeable CPUs, with the best answer so
-far as fallback on timeout; see :mod:`.solve`), ``naive`` (the paper's
-Figure 4 core-by-task boolean matrix, a reference model) and ``greedy``.
-The problem itself (constraints C1-C6, objective O1-O4) is stated in
-:mod:`cod.rm.allocator.problem`.
+Solvers: ``cpsat`` (greedy or a best-fit packing proven by a bound - closed
+form, the waterfill of :mod:`.waterfill`, or CP-SAT's relaxation - then small
+CP-SAT neighbourhoods and the count model over classes of interchangeable
+CPUs, with the best answer so far as fallback on timeout; see :mod:`.solve`),
+``naive`` (the paper's Figure 4 core-by-task boolean matrix, a reference
+model) and ``greedy``.  The problem itself (constraints C1-C7, objective
+O1-O7) is stated in :mod:`cod.rm.allocator.problem`.
 """
 
 from __future__ import annotations

@@ -41,11 +41,11 @@ from typing import Iterable, Mapping, Sequence
 from cod.facts.model import Machine
 
 from .bounds import fewest, task_caps
-from .explain import explain, explain_reservations
+from .explain import explain
 from .mapping import map_counts
-from .model import SOLVERS, AllocationResult, OtherDemand, TaskAllocation, TaskSpec
+from .model import SOLVERS, AllocationResult, OtherDemand, TaskSpec
 from .packing import _place, _State
-from .problem import effective_max, is_other, objective, priority_levels, violations
+from .problem import is_other, objective, priority_levels, violations
 from .request import Request, prepare, result, solve
 from .solve import ACCEPT_GAP, Outcome, lexicographic_gap, tail_caps
 from .topology import View

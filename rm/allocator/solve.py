@@ -4,6 +4,8 @@
 1. Small instances (tasks x CPUs <= GREEDY_FIRST_PAIRS): the greedy
    allocator; if its objective reaches the closed-form :func:`upper_bound`, it
    is optimal (status "optimal", solver "greedy"; the paper's Table 4).
+1b. The waterfill bound (:mod:`.waterfill`, no CP-SAT): greedy or the packing
+   of its totals reaching it is optimal.
 2. The relaxation bound (:func:`.bounds.relaxed_bound`: O2 per level proven,
    then lower bounds of O3 and O4) and a best-fit packing of its totals
    (:mod:`.packing`).  Packing == bound: "optimal" without search; O2 reached
