@@ -4,14 +4,12 @@ with one task removed or added moves no core of an unaffected task."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from cod.facts import hwloc_xml, machines
 from cod.facts.synthetic import GIB
 from cod.rm.allocator import TaskSpec, allocate
-from cod.rm.allocator.check import moves, objective, violations
+from cod.rm.allocator.problem import moves, objective, violations
 from cod.rm.allocator.topology import build_view
 from helpers.data import HWLOC_DIR
 

@@ -9,15 +9,16 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from cod.facts.synthetic import GIB, Shape, build
-from cod.rm.allocator import TaskSpec, allocate
+from cod.rm.allocator import OtherDemand, TaskSpec, allocate
 from cod.rm.allocator.bounds import RelaxedBound, relaxed_bound, upper_bound
-from cod.rm.allocator.check import objective, violations
+from cod.rm.allocator.problem import as_tasks, n_tail, objective, violations
 from cod.rm.allocator.cpsat import solve_counts
 from cod.rm.allocator.mapping import map_counts
 from cod.rm.allocator.oracle import best, search_space
 from cod.rm.allocator.lns import improve
 from cod.rm.allocator.packing import pack
 from cod.rm.allocator.topology import build_view
+from cod.rm.allocator.waterfill import Fill, waterfill_bound
 
 MAX_SPACE = 60_000  # keeps one exhaustive search well under a second
 
@@ -72,15 +73,23 @@ def instances(draw):
     return m, tasks, sorted(unavailable), view
 
 
-def check_against_oracle(m, tasks, unavailable, view, current=None):
+def check_against_oracle(m, tasks, unavailable, view, current=None, others=()):
+    """``others`` (OtherDemand) take part as the solvers see them (problem.as_tasks),
+    their CPUs now as their current allocation; ``view`` must be split along their
+    allowed sets."""
+    registered = tasks
+    if others:
+        tasks = list(tasks) + as_tasks(others)
+        current = dict(current or {}) | {o.name: o.cpus for o in others}
     best_obj, _ = best(view, tasks, current)
     for solver in ("cpsat", "naive"):
-        r = allocate(m, tasks, current, unavailable=unavailable, solver=solver)
+        r = allocate(m, registered, _registered(current, others), others=others, unavailable=unavailable,
+                     solver=solver)
         if best_obj is None:
             assert r.status == "infeasible" and r.reason
             continue
         assert r.status == "optimal", (solver, r)
-        alloc = r.as_mapping()
+        alloc = r.as_mapping() | {v.name: v.cpus for v in r.reservations}
         assert violations(view, tasks, alloc) == []
         assert objective(view, tasks, alloc, current) == best_obj, solver
     # The count model itself, without the greedy fast path in front of it.
@@ -93,6 +102,16 @@ def check_against_oracle(m, tasks, unavailable, view, current=None):
         assert violations(view, tasks, alloc) == []
         assert objective(view, tasks, alloc, current) == best_obj
     # The bounds that prove answers optimal without search must be valid.
+    wf = waterfill_bound(view, tasks, current or {})
+    if wf is None:
+        assert best_obj is None, "waterfill says infeasible"
+    elif isinstance(wf, Fill) and best_obj is not None:
+        assert wf.objective >= best_obj, (wf, best_obj)
+        packed = pack(view, tasks, current or {}, wf.totals, (wf.spread, wf.moves))
+        if packed is not None:
+            alloc = map_counts(view, tasks, current or {}, packed.counts, packed.cores)
+            assert violations(view, tasks, alloc) == []
+            assert objective(view, tasks, alloc, current) <= best_obj
     rb = relaxed_bound(view, tasks, current or {}, 5.0)
     if best_obj is not None:
         assert isinstance(rb, RelaxedBound), rb
@@ -105,7 +124,7 @@ def check_against_oracle(m, tasks, unavailable, view, current=None):
             assert violations(view, tasks, alloc) == []
             assert objective(view, tasks, alloc, current) <= best_obj
             if packed.complete:
-                assert objective(view, tasks, alloc, current)[:-2] == rb.levels
+                assert objective(view, tasks, alloc, current)[:-n_tail(tasks)] == rb.levels
             # the neighbourhood search keeps everything valid and never loses
             counts, cores, _ = improve(view, tasks, current or {}, packed.counts, packed.cores,
                                        time.perf_counter() + 0.2)
@@ -113,13 +132,19 @@ def check_against_oracle(m, tasks, unavailable, view, current=None):
             assert violations(view, tasks, better) == []
             assert objective(view, tasks, better, current)[:-1] >= objective(view, tasks, alloc, current)[:-1]
             assert objective(view, tasks, better, current) <= best_obj
-    g = allocate(m, tasks, current, unavailable=unavailable, solver="greedy")
+    g = allocate(m, registered, _registered(current, others), others=others, unavailable=unavailable,
+                 solver="greedy")
     if g.status != "infeasible":
         assert best_obj is not None
-        alloc = g.as_mapping()
+        alloc = g.as_mapping() | {v.name: v.cpus for v in g.reservations}
         assert violations(view, tasks, alloc) == []
         assert objective(view, tasks, alloc, current) <= best_obj
     return best_obj
+
+
+def _registered(current, others):
+    names = {o.name for o in others}
+    return None if current is None else {k: v for k, v in current.items() if k not in names}
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
@@ -139,6 +164,55 @@ def test_optimal_with_current(inst, data):
     earlier = allocate(m, earlier_tasks, solver="cpsat")
     assume(earlier.status != "infeasible")
     check_against_oracle(m, tasks, unavailable, view, earlier.as_mapping())
+
+
+def test_regression_e1_core_displaces_no_cpu_another_task_must_keep():
+    """Found by the differential test: on one core-pair class, the count model
+    keeps t0 on CPU 1 and one of t1's CPUs, but the mapping gave E1 task t2 the
+    core (1, 4), taking the only CPU t0 could keep, while core (2, 5) cost only
+    t1 a CPU it had to spare: (5, -4, -5) claimed optimal against (5, -4, -4)."""
+    m = build(Shape("random", packages=1, dies_per_package=1, cores_per_die=3, threads_per_core=2,
+                    node_per_die=True, node_memory_bytes=64 * GIB, l3_bytes_per_die=8 << 20))
+    tasks = [
+        TaskSpec("t0", min_cores=1, max_cores=1, working_set_bytes=2 * GIB, sensitive=frozenset({"numa", "cache"}),
+                 priority=1, pollutes_cache=True, allow_smt_sharing=True),
+        TaskSpec("t1", min_cores=2, sensitive=frozenset({"numa"}), exclusive=False, priority=1),
+        TaskSpec("t2", min_cores=2, sensitive=frozenset({"numa"}), priority=1),
+    ]
+    current = {"t0": [1], "t1": [2, 4, 5], "t2": [0, 3]}
+    view = build_view(m, [0])
+    assert check_against_oracle(m, tasks, [0], view, current) == (5, -4, -4)
+
+
+@st.composite
+def instances_with_others(draw):
+    """Unregistered busy processes (issue #18) beside the tasks: 1-2 of them,
+    running on CPUs that tasks may hold now, some restricted to a few CPUs."""
+    m = draw(machines())
+    cpus = list(m.cpu_ids())
+    unavailable = draw(st.sets(st.sampled_from(cpus), max_size=1))
+    tasks = draw(task_lists(len(cpus)))[:3]
+    others = []
+    for i in range(draw(st.integers(1, 2))):
+        allowed = draw(st.one_of(st.none(), st.sets(st.sampled_from(cpus), min_size=1)))
+        others.append(OtherDemand(f"other.{100 + i}", cores=draw(st.integers(1, 2)),
+                                  cpus=tuple(draw(st.sets(st.sampled_from(cpus), max_size=2))),
+                                  allowed=None if allowed is None else tuple(allowed)))
+    view = build_view(m, unavailable, [frozenset(o.allowed) for o in others if o.allowed is not None])
+    assume(search_space(view, tasks + as_tasks(others)) <= MAX_SPACE)
+    return m, tasks, others, sorted(unavailable), view
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(instances_with_others(), st.data())
+def test_optimal_with_others(inst, data):
+    """Others' reservations are decided with the objective (O5-O7 included):
+    every solver against the oracle, with a current allocation of the tasks
+    from a run without the others (where they arrive) or with them."""
+    m, tasks, others, unavailable, view = inst
+    earlier = allocate(m, tasks, others=others if data.draw(st.booleans()) else (), solver="cpsat")
+    assume(earlier.status != "infeasible")
+    check_against_oracle(m, tasks, unavailable, view, earlier.as_mapping(), others)
 
 
 @st.composite
@@ -186,3 +260,7 @@ def test_relaxed_bound_is_valid_on_medium_machines(inst):
     rb = relaxed_bound(view, tasks, {}, 5.0)
     assert isinstance(rb, RelaxedBound), rb
     assert rb.objective >= objective(view, tasks, alloc, {}), (rb, tasks)
+    wf = waterfill_bound(view, tasks, {})
+    assert wf is not None
+    if isinstance(wf, Fill):
+        assert wf.objective >= objective(view, tasks, alloc, {}), (wf, tasks)

@@ -138,3 +138,27 @@ def test_plan_bad_task_file(task_file, capsys, text, words):
     assert err.startswith("cod plan: error:") and err.count("\n") == 1
     for w in words:
         assert w in err
+
+
+@pytest.mark.parametrize(
+    "tasks, words",
+    [
+        # 4 GiB per CPU on MagnyCours' 16 GiB nodes: 4 CPUs per node, 32 in all
+        ([TaskSpec("big", min_cores=33, working_set_bytes=4 * GIB)],
+         ["'big'", "min_cores=33", "4 GiB per CPU", "at most 32", "8 nodes with 16 GiB free -> 4 each"]),
+        ([TaskSpec("fat", min_cores=1, working_set_bytes=20 * GIB)], ["'fat'", "20 GiB per CPU", "at most 0"]),
+        ([TaskSpec("db", min_cores=40), TaskSpec("late", min_cores=10, priority=-1)],
+         ["50 CPUs", "'db' 40", "'late' 10", "48 are available"]),
+        ([TaskSpec("a", min_cores=1, working_set_bytes=10 * GIB) for _ in range(1)]
+         + [TaskSpec(f"w{i}", min_cores=4, working_set_bytes=4 * GIB) for i in range(8)],
+         ["working sets", "128 GiB free"]),
+    ],
+)
+def test_refusal_reasons_give_the_figures(tasks, words):
+    """Issue #19: a refusal for per-node memory says so with the figures, and
+    never counts CPUs that other tasks' placement happened to take."""
+    r = allocate(machines.load("magnycours"), tasks)
+    assert r.status == "infeasible"
+    for w in words:
+        assert w in r.reason, r.reason
+    assert "available CPUs can be given" not in r.reason

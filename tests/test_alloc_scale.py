@@ -15,7 +15,7 @@ from cod.facts import hwloc_xml
 from cod.facts.synthetic import GIB, MIB, Shape, build
 from cod.rm.allocator import allocate
 from cod.rm.allocator.bounds import RelaxedBound, relaxed_bound
-from cod.rm.allocator.check import objective, violations
+from cod.rm.allocator.problem import objective, violations
 from cod.rm.allocator.solve import lexicographic_gap
 from cod.rm.allocator.topology import build_view
 from helpers.data import HWLOC_DIR

@@ -2,8 +2,11 @@
 
 The task file (JSON or TOML) is ``{"tasks": [{"name": ..., ...}, ...]}`` with the
 keys of :class:`cod.rm.allocator.TaskSpec`; the current allocation file (JSON
-or TOML) maps task names to CPU lists: ``{"cscs": [0, 1, 2]}``.  Infeasible
-allocations are printed and exit with status 2.
+or TOML) maps task names to CPU lists: ``{"cscs": [0, 1, 2]}``; the others
+file lists unregistered busy processes the allocator keeps CPUs for:
+``{"others": [{"name": "other.1234", "cores": 1, "cpus": [0]}, ...]}`` with the
+keys of :class:`cod.rm.allocator.OtherDemand`.  Infeasible allocations are
+printed and exit with status 2.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from cod.facts.cpulist import format_cpulist, parse_cpulist
 from cod.facts.model import FactsError, Machine
-from cod.rm.allocator import SOLVERS, AllocationResult, TaskSpec, TaskSpecError, allocate
+from cod.rm.allocator import SOLVERS, AllocationResult, OtherDemand, TaskSpec, TaskSpecError, allocate
 from cod.rm.allocator.topology import build_view
 
 from .errors import UserError
@@ -35,8 +39,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help='task list: {"tasks": [{"name": ..., "min_cores": ...}, ...]}')
     parser.add_argument("--current", metavar="FILE",
                         help='current allocation: {"task": [cpu, ...], ...}')
+    parser.add_argument("--others", metavar="FILE",
+                        help='unregistered busy processes: {"others": [{"name": "other.1234", '
+                        '"cores": 1, "cpus": [0]}, ...]}')
     parser.add_argument("--unavailable", metavar="CPUS", default="",
-                        help="CPUs busy with other work, e.g. 0,4-7")
+                        help="CPUs nobody may be given, e.g. 0,4-7")
     parser.add_argument("--solver", choices=SOLVERS, default="cpsat")
     parser.add_argument("--time-limit", type=float, default=1.0, metavar="SECONDS")
     parser.add_argument("--format", choices=("json", "text"), default="text")
@@ -87,15 +94,17 @@ def load_current(path: str) -> dict[str, list[int]]:
     return out
 
 
-def parse_cpulist(text: str) -> list[int]:
-    out: list[int] = []
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        try:
-            lo, _, hi = part.partition("-")
-            out.extend(range(int(lo), int(hi or lo) + 1))
-        except ValueError:
-            raise UserError(f"--unavailable: bad CPU list element {part!r}") from None
-    return out
+def load_others(path: str) -> list[OtherDemand]:
+    data = _read(path, "others file")
+    if not isinstance(data, dict) or not isinstance(data.get("others"), list):
+        raise UserError(f"others file {path}: expected a top-level 'others' list")
+    extra = sorted(k for k in data if k != "others")
+    if extra:
+        raise UserError(f"others file {path}: unknown top-level key {extra[0]!r}")
+    try:
+        return [OtherDemand.from_dict(d) for d in data["others"]]
+    except (TaskSpecError, TypeError) as err:
+        raise UserError(f"others file {path}: {err}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,9 +114,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(err), 2) from None
     tasks = load_tasks(args.tasks)
     current = load_current(args.current) if args.current else None
-    unavailable = parse_cpulist(args.unavailable)
+    others = load_others(args.others) if args.others else []
     try:
-        result = allocate(machine, tasks, current, unavailable=unavailable,
+        unavailable = list(parse_cpulist(args.unavailable))
+    except ValueError as err:
+        raise UserError(f"--unavailable: {err}") from None
+    try:
+        result = allocate(machine, tasks, current, others=others, unavailable=unavailable,
                           solver=args.solver, time_limit_s=args.time_limit)
     except (TaskSpecError, ValueError) as err:
         raise UserError(str(err)) from None
@@ -126,7 +139,7 @@ def render_text(machine: Machine, result: AllocationResult, unavailable: list[in
         lines.append(f"reason: {result.reason}")
     cpus = sorted(view.cpus, key=lambda c: (view.node_of[c], view.domain_of[c], c))
     width = max(len(str(c)) for c in cpus) + 1 if cpus else 2
-    label_w = max([len(t.name) for t in result.tasks] + [5])
+    label_w = max([len(t.name) for t in result.tasks] + [len(r.name) for r in result.reservations] + [5])
 
     def row(label: str, cells: list[str]) -> str:
         out, prev = [label.ljust(label_w)], None
@@ -159,7 +172,14 @@ def render_text(machine: Machine, result: AllocationResult, unavailable: list[in
     for t in result.tasks:
         held = set(t.cores)
         lines.append(row(t.name, ["X" if c in held else "." for c in cpus]))
+    for r in result.reservations:  # R: kept for an unregistered process
+        held = set(r.cpus)
+        lines.append(row(r.name, ["R" if c in held else "." for c in cpus]))
     for t in result.tasks:
         lines.append(f"{t.name}: {len(t.cores)} CPUs on node(s) {','.join(map(str, t.numa_nodes)) or '-'}; "
-                     f"bound by: {', '.join(t.binding) or '-'}")
+                     f"bound by: {', '.join(t.binding) or '-'}"
+                     + (f"; displaced by {', '.join(t.displaced_by)}" if t.displaced_by else ""))
+    for r in result.reservations:
+        lines.append(f"{r.name}: reserved CPUs {format_cpulist(r.cpus) or '-'} ({len(r.cpus)} of {r.wanted})"
+                     f"{', moved' if r.moved else ''}; bound by: {', '.join(r.binding) or '-'}")
     return "\n".join(lines) + "\n"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from cod.rm.allocator.model import SOLVERS
+
 from .errors import UserError
 
 
@@ -50,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="CPU use, in cores, that counts as busy (default: 0.5)")
     p.add_argument("--refresh-interval", dest="refresh_interval_s", type=float, default=None, metavar="SECONDS",
                    help="live state (load, free memory, task CPU and pages) into the SKB every SECONDS (default: 1)")
-    p.add_argument("--solver", choices=["cpsat", "greedy", "naive"], default=None,
+    p.add_argument("--solver", choices=SOLVERS, default=None,
                    help="allocator (default: cpsat, falling back to greedy at the time limit)")
     p.add_argument("--solver-time-limit", dest="solver_time_limit_s", type=float, default=None, metavar="SECONDS",
                    help="time limit of one allocator run (default: 1)")

@@ -13,7 +13,7 @@ Two kinds:
   (CPUs of the current allocation beyond the task's total must move).  A few
   milliseconds; tight on the machines we measured (see docs/design-allocator.md).
 
-Objective tuples compare as in :func:`cod.rm.allocator.check.objective`:
+Objective tuples compare as in :func:`cod.rm.allocator.problem.objective`:
 larger is better, so O3/O4 bounds appear negated.
 """
 
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
-from .check import effective_max, priority_levels
+from .problem import allowed_max, effective_max, is_other, n_tail, priority_levels
 from .model import TaskSpec
 from .topology import View
 
@@ -53,9 +53,9 @@ def task_caps(view: View, tasks: Sequence[TaskSpec]) -> dict[str, tuple[int, lis
         dom_cap = [0] * view.n_domains
         for (d, n), k in per_dn.items():
             dom_cap[d] += min(k, node_cap[n])
-        cap = min(effective_max(t, view), sum(node_cap.values()))
+        cap = min(allowed_max(view, t), sum(node_cap.values()))
         if "cache" in t.sensitive and any(u.pollutes_cache and u.name != t.name for u in tasks):
-            cap = min(cap, sum(dom_cap) - min(dom_cap))
+            cap = min(cap, sum(dom_cap) - min(dom_cap)) if dom_cap else 0
         out[t.name] = (max(cap, 0), sorted(node_cap.values(), reverse=True), sorted(dom_cap, reverse=True))
     return out
 
@@ -72,10 +72,13 @@ def fewest(sizes: list[int], need: int) -> int:
 
 def forced_moves(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
                  totals: Mapping[str, int]) -> int:
-    """CPUs of ``current`` that must move when each task holds ``totals[t]`` CPUs."""
+    """CPUs of ``current`` that must move when each task holds ``totals[t]``
+    CPUs (registered tasks: O4)."""
     avail = set(view.cpus)
     out = 0
     for t in tasks:
+        if is_other(t):
+            continue
         cur = set(current.get(t.name, ()))
         out += len(cur - avail) + max(0, len(cur & avail) - totals[t.name])
     return out
@@ -84,7 +87,7 @@ def forced_moves(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Se
 def upper_bound(
     view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]]
 ) -> tuple[int, ...]:
-    """An objective no allocation can beat (compare with :func:`.check.objective`).
+    """An objective no allocation can beat (compare with :func:`.problem.objective`).
 
     O2: every task at its cap (:func:`task_caps`).  O3: if O2 reaches that
     bound, every task holds exactly its cap, so it spans at least the fewest
@@ -103,7 +106,12 @@ def upper_bound(
         if "cache" in t.sensitive:
             spread += fewest(dom_caps, need)
     forced = forced_moves(view, tasks, current, {t.name: caps[t.name][0] for t in tasks})
-    return granted + (-spread, -forced)
+    return granted + (-spread, -forced) + tail_bound(tasks, forced)
+
+
+def tail_bound(tasks: Sequence[TaskSpec], moves: int) -> tuple[int, ...]:
+    """Bounds of O5-O7 (with others): a task is touched when anything moves."""
+    return (-(moves > 0), 0, 0) if n_tail(tasks) > 2 else ()
 
 
 @dataclass(frozen=True)
@@ -115,13 +123,25 @@ class RelaxedBound:
     spread: int  # lower bound of O3 among allocations reaching ``levels``
     moves: int  # lower bound of O4 among those also reaching ``spread``
     totals: dict[str, int]  # CPUs per task in the relaxation's optimum
+    tail: tuple[int, ...] = ()  # bounds of O5-O7 with others (:func:`tail_bound`)
 
     @property
     def objective(self) -> tuple[int, ...]:
-        return self.levels + (-self.spread, -self.moves)
+        return self.levels + (-self.spread, -self.moves) + self.tail
 
 
 def relaxed_bound(
+    view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
+    time_limit_s: float,
+) -> RelaxedBound | None | str:
+    """See :func:`_relaxed_bound`; with others, the bounds of O5-O7 follow."""
+    rb = _relaxed_bound(view, tasks, current, time_limit_s)
+    if isinstance(rb, RelaxedBound) and n_tail(tasks) > 2:
+        rb = replace(rb, tail=tail_bound(tasks, rb.moves))
+    return rb
+
+
+def _relaxed_bound(
     view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
     time_limit_s: float,
 ) -> RelaxedBound | None | str:
@@ -192,7 +212,7 @@ def relaxed_bound(
         solver = _solver(deadline - time.perf_counter())
         st = solver.solve(m)
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return RelaxedBound(u, const + len(spread_terms), forced_moves(view, tasks, current, hint), hint)
+            return RelaxedBound(u, const + len(spread_terms), _gone(view, tasks, current), hint)
         spread_lb = const + math.ceil(solver.best_objective_bound - 1e-6)
         totals = {name: int(solver.value(v)) for name, v in X.items()}
         if st != cp_model.OPTIMAL:  # a bound, not an optimum: O4 is left at its trivial bound
@@ -202,11 +222,12 @@ def relaxed_bound(
         return RelaxedBound(u, spread_lb, 0, totals)
     # O4: CPUs beyond a task's total must move.
     avail = set(view.cpus)
-    gone = 0
+    gone = _gone(view, tasks, current)
     move_terms = []
     for t in tasks:
+        if is_other(t):
+            continue
         cur = set(current.get(t.name, ()))
-        gone += len(cur - avail)
         here = len(cur & avail)
         if here > t.min_cores:
             mv = m.new_int_var(0, here, f"M{t.name}")
@@ -224,6 +245,12 @@ def relaxed_bound(
         return RelaxedBound(u, spread_lb, gone, totals)
     return RelaxedBound(u, spread_lb, gone + math.ceil(solver.best_objective_bound - 1e-6),
                         {name: int(solver.value(v)) for name, v in X.items()})
+
+
+def _gone(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]]) -> int:
+    """Current CPUs of registered tasks that are not available any more: they move."""
+    avail = set(view.cpus)
+    return sum(len(set(current.get(t.name, ())) - avail) for t in tasks if not is_other(t))
 
 
 def _pool_cover_cuts(view: View, tasks: Sequence[TaskSpec], m: cp_model.CpModel,

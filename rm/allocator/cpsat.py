@@ -17,7 +17,7 @@ Variables, per task t and class g (k threads per core, n cores):
   kept[t,g]            PUs of t's current allocation in g it keeps;
   z[t,node], y[t,dom]  booleans: t uses that node / domain (sensitive tasks).
 
-Constraints (numbered as in :mod:`cod.rm.allocator.check`):
+Constraints (numbered as in :mod:`cod.rm.allocator.problem`):
   C2  min_t <= sum_g x[t,g] <= max_t;
   C3+C6  per g: sum_E1 k*c + sum_E2 x + s <= k*n; c <= x <= k*c for E1; x <= s for S;
   C4  per node N with known free memory: sum_t ws_t * sum_{g on N} x[t,g] <= free_N;
@@ -39,12 +39,12 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
-from .check import effective_max, priority_levels
+from .problem import allowed_max, effective_max, is_e1, is_other, priority_levels
 from .model import TaskSpec
 from .topology import View
 
@@ -66,10 +66,6 @@ class CountSolution:
     gap: float | None = None
 
 
-def is_e1(t: TaskSpec) -> bool:
-    return t.exclusive and not t.allow_smt_sharing
-
-
 @dataclass
 class _Model:
     m: cp_model.CpModel
@@ -82,6 +78,8 @@ class _Model:
     spread_cap: int
     kept: cp_model.LinearExprT  # O4 (to maximise)
     kept_cap: int
+    # with others (problem.OtherSpec) only: O5-O7 as (expression to maximise, cap)
+    tail: list[tuple[cp_model.LinearExprT, int]] = field(default_factory=list)
 
 
 def _build(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]]) -> _Model:
@@ -91,9 +89,12 @@ def _build(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence
     x: dict[tuple[str, int], cp_model.IntVar] = {}
     c: dict[tuple[str, int], cp_model.IntVar] = {}
     kept: list[cp_model.IntVar] = []
+    kept_of: dict[str, list[cp_model.IntVar]] = {}
+    kept_at: dict[tuple[str, int], cp_model.IntVar] = {}
     total_current = 0
     shared = [t for t in tasks if not t.exclusive]
     pool = {g.index: m.new_int_var(0, g.size, f"s{g.index}") for g in G} if shared else {}
+    others = [t for t in tasks if is_other(t)]
 
     for t in tasks:
         hi = effective_max(t, view)
@@ -101,9 +102,12 @@ def _build(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence
         for cpu in current.get(t.name, ()):
             if cpu in class_of:
                 cur_in[class_of[cpu]] = cur_in.get(class_of[cpu], 0) + 1
-        total_current += sum(cur_in.values())
+        if not is_other(t):
+            total_current += sum(cur_in.values())
+        allowed = view.allowed_classes(t.allowed) if is_other(t) else None  # C7
         for g in G:
-            v = m.new_int_var(0, min(g.size, hi), f"x{t.name}_{g.index}")
+            v = m.new_int_var(0, min(g.size, hi) if allowed is None or g.index in allowed else 0,
+                              f"x{t.name}_{g.index}")
             x[t.name, g.index] = v
             if is_e1(t) and g.threads > 1:
                 cv = m.new_int_var(0, len(g.cores), f"c{t.name}_{g.index}")
@@ -115,8 +119,34 @@ def _build(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence
             if cur_in.get(g.index):
                 kv = m.new_int_var(0, cur_in[g.index], f"k{t.name}_{g.index}")
                 m.add(kv <= v)
-                kept.append(kv)
+                kept_of.setdefault(t.name, []).append(kv)
+                kept_at[t.name, g.index] = kv
+                if not is_other(t):
+                    kept.append(kv)
         m.add_linear_constraint(sum(x[t.name, g.index] for g in G), t.min_cores, hi)  # C2
+
+    # A CPU two tasks hold now (a current allocation from elsewhere, or tasks
+    # changed) can be kept by both only if both are shareable: per class, the
+    # total kept is at most what the CPUs held now can give.  Without it every
+    # count vector claimed one kept CPU too many and the exactness loop of
+    # solve_counts excluded vectors until the time limit (14 in 1 s on a
+    # MagnyCours family instance).
+    holders: dict[int, list[TaskSpec]] = {}
+    for t in tasks:
+        for cpu in set(current.get(t.name, ())):
+            if cpu in class_of:
+                holders.setdefault(cpu, []).append(t)
+    if any(len(h) > 1 for h in holders.values()):
+        can_keep: dict[int, int] = {}
+        held_in: dict[int, int] = {}
+        for cpu, hs in holders.items():
+            gi = class_of[cpu]
+            shared_h = sum(1 for t in hs if not t.exclusive)
+            can_keep[gi] = can_keep.get(gi, 0) + (len(hs) if shared_h == len(hs) else max(1, shared_h))
+            held_in[gi] = held_in.get(gi, 0) + len(hs)
+        for gi, cap in can_keep.items():
+            if cap < held_in[gi]:
+                m.add(sum(kv for (name, g_i), kv in kept_at.items() if g_i == gi) <= cap)
 
     for g in G:  # C3 + C6
         load = []
@@ -146,9 +176,10 @@ def _build(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence
     # Usage indicators for sensitive tasks (O3) and the cache rule (C5).
     polluters = [t for t in tasks if t.pollutes_cache]
     cache_sens = [t for t in tasks if "cache" in t.sensitive]
+    numa_sens = [t for t in tasks if "numa" in t.sensitive]
     need_y = {t.name for t in cache_sens}
     if cache_sens:
-        need_y |= {t.name for t in polluters}
+        need_y |= {t.name for t in polluters} | {t.name for t in others}
     y: dict[tuple[str, int], cp_model.IntVar] = {}
     z: dict[tuple[str, int], cp_model.IntVar] = {}
     for t in tasks:
@@ -159,7 +190,7 @@ def _build(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence
                 y[t.name, d] = yv
                 for g in gs:
                     m.add(x[t.name, g.index] <= min(g.size, effective_max(t, view)) * yv)
-        if "numa" in t.sensitive:
+        if "numa" in t.sensitive or (is_other(t) and numa_sens):
             for node in view.nodes:
                 zv = m.new_bool_var(f"z{t.name}_{node}")
                 z[t.name, node] = zv
@@ -176,9 +207,38 @@ def _build(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence
         level = [t for t in tasks if t.priority == p]
         levels.append(sum(x[t.name, g.index] for t in level for g in G))
         caps.append(sum(effective_max(t, view) for t in level))
-    spread = [z[k] for k in z] + [y[t.name, d] for t in cache_sens for d in range(view.n_domains)]
+    spread = [z[t.name, n] for t in numa_sens for n in view.nodes] + \
+        [y[t.name, d] for t in cache_sens for d in range(view.n_domains)]
+    tail: list[tuple[cp_model.LinearExprT, int]] = []
+    if others:
+        # O5: a registered task with current CPUs is touched unless it keeps them all
+        touched = []
+        for t in tasks:
+            cur = set(current.get(t.name, ()))
+            if is_other(t) or not cur:
+                continue
+            tv = m.new_bool_var(f"touched{t.name}")
+            here = len(cur & set(class_of))
+            if here < len(cur):
+                m.add(tv == 1)  # some of its CPUs are gone
+            elif kept_of.get(t.name):
+                m.add(sum(kept_of[t.name]) >= here - here * tv)
+            touched.append(tv)
+        # O6: (other, sensitive task) pairs sharing a domain (cache) or node (numa)
+        pairs = []
+        for o in others:
+            for t, use, units in [(t, y, range(view.n_domains)) for t in cache_sens] + \
+                                 [(t, z, view.nodes) for t in numa_sens]:
+                pv = m.new_bool_var(f"near{o.name}_{t.name}")
+                for u in units:
+                    m.add(pv >= use[o.name, u] + use[t.name, u] - 1)
+                pairs.append(pv)
+        other_kept = [kv for o in others for kv in kept_of.get(o.name, ())]
+        other_cap = sum(len(set(current.get(o.name, ())) & set(class_of)) for o in others)
+        tail = [(-sum(touched) if touched else 0, len(touched)), (-sum(pairs) if pairs else 0, len(pairs)),
+                (sum(other_kept) if other_kept else 0, other_cap)]
     return _Model(m, x, c, pool, levels, caps, sum(spread) if spread else 0, len(spread),
-                  sum(kept) if kept else 0, total_current)
+                  sum(kept) if kept else 0, total_current, tail)
 
 
 def _add_hint(view: View, tasks: Sequence[TaskSpec], mod: _Model,
@@ -218,9 +278,19 @@ def _solver(workers: int, seconds: float) -> cp_model.CpSolver:
     return solver
 
 
+def _lower_terms(mod: _Model) -> list[tuple[cp_model.LinearExprT, int]]:
+    """O3, O4 (and O5-O7 with others) as (expression to maximise, cap)."""
+    return [(-mod.spread, mod.spread_cap), (mod.kept, mod.kept_cap)] + mod.tail
+
+
 def _lower_objective(mod: _Model) -> cp_model.LinearExprT:
-    """O3 then O4 as one weighted objective to maximise (exactly lexicographic)."""
-    return (mod.kept_cap + 1) * (-mod.spread) + mod.kept
+    """O3, O4 (and O5-O7) as one weighted objective to maximise (exactly
+    lexicographic: each weight exceeds the range of every later term)."""
+    terms = _lower_terms(mod)
+    weights = lexicographic_weights([cap for _, cap in terms])
+    if weights is None:
+        raise ValueError("count model: O3-O7 too large for one exactly lexicographic weighted objective")
+    return sum(w * e for (e, _), w in zip(terms, weights))
 
 
 def solve_counts(
@@ -309,14 +379,92 @@ def solve_counts(
     if st == cp_model.FEASIBLE:
         bound, value = solver.best_objective_bound, solver.objective_value
         gap = abs(bound - value) / max(1.0, abs(bound)) or None  # 0: a later stage timed out
-    G = view.classes
+    sol = _solution(view, tasks, mod, solver, "optimal" if st == cp_model.OPTIMAL else "feasible", gap)
+    if st == cp_model.OPTIMAL:
+        sol = _realised(view, tasks, current, mod, solver, sol, deadline)
+    return sol
+
+
+def _solution(view: View, tasks: Sequence[TaskSpec], mod: _Model, solver: cp_model.CpSolver, status: str,
+              gap: float | None) -> CountSolution:
     return CountSolution(
-        "optimal" if st == cp_model.OPTIMAL else "feasible",
-        {t.name: {g.index: int(solver.value(mod.x[t.name, g.index])) for g in G} for t in tasks},
+        status,
+        {t.name: {g.index: int(solver.value(mod.x[t.name, g.index])) for g in view.classes} for t in tasks},
         _cores(solver, mod.c),
         {gi: int(solver.value(v)) for gi, v in mod.pool.items()},
         gap,
     )
+
+
+def _realised(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]], mod: _Model,
+              solver: cp_model.CpSolver, sol: CountSolution, deadline: float) -> CountSolution:
+    """The count model's O4 is a relaxation: ``kept[t,g] <= min(x, CPUs held
+    in g)`` does not know which cores an E1 task's whole cores displace, so
+    the CPUs of an optimal count vector may keep fewer than the model counted.
+    Then that vector is excluded (a no-good on its x and c values) and the
+    model solved again, until its optimum is no better than the best mapping
+    found: that mapping is optimal (the mapping of one count vector is exact,
+    :mod:`.mapping`).  Out of time: the best mapping, "feasible" with the gap.
+    Found by the oracle tests: an E1 task took the core another task had to
+    keep, while the core of a task with CPUs to spare was free."""
+    from .mapping import map_counts  # the mapping imports this module
+    from .problem import objective
+
+    if not mod.kept_cap and not mod.tail:
+        return sol  # nothing held now: the counts say everything
+    claimed = _claimed(tasks, current, mod, solver)
+    best = sol
+    best_value = objective(view, tasks, map_counts(view, tasks, current, sol.counts, sol.cores), current)
+    while best_value < claimed:
+        if time.perf_counter() >= deadline:
+            return CountSolution("feasible", best.counts, best.cores, best.pool, _tail_gap(best_value, claimed))
+        _exclude(mod, solver)
+        solver = _solver(1, deadline - time.perf_counter())
+        st = solver.solve(mod.m)
+        if st == cp_model.INFEASIBLE:
+            break  # no other count vector: the best mapping is optimal
+        if st != cp_model.OPTIMAL:
+            return CountSolution("feasible", best.counts, best.cores, best.pool, _tail_gap(best_value, claimed))
+        claimed = _claimed(tasks, current, mod, solver)
+        if claimed <= best_value:
+            break
+        sol = _solution(view, tasks, mod, solver, "optimal", None)
+        value = objective(view, tasks, map_counts(view, tasks, current, sol.counts, sol.cores), current)
+        if value > best_value:
+            best, best_value = sol, value
+    return CountSolution("optimal", best.counts, best.cores, best.pool, None)
+
+
+def _claimed(tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]], mod: _Model,
+             solver: cp_model.CpSolver) -> tuple[int, ...]:
+    """The objective (as :func:`.problem.objective`) the model's solution claims."""
+    held = sum(len(set(current.get(t.name, ()))) for t in tasks if not is_other(t))
+    out = tuple(int(solver.value(e)) for e in mod.levels) + (
+        -int(solver.value(mod.spread)), -(held - int(solver.value(mod.kept))))
+    if mod.tail:
+        held_o = sum(len(set(current.get(t.name, ()))) for t in tasks if is_other(t))
+        (touched, _), (near, _), (okept, _) = mod.tail
+        out += (int(solver.value(touched)), int(solver.value(near)), -(held_o - int(solver.value(okept))))
+    return out
+
+
+def _tail_gap(value: tuple[int, ...], claimed: tuple[int, ...]) -> float:
+    """Relative distance of the first term that differs."""
+    for v, c in zip(value, claimed):
+        if v != c:
+            return abs(c - v) / max(1, abs(v))
+    return 0.0
+
+
+def _exclude(mod: _Model, solver: cp_model.CpSolver) -> None:
+    """No-good: at least one x or c variable differs from the solution's value."""
+    differs = []
+    for v in list(mod.x.values()) + list(mod.c.values()):
+        d = mod.m.new_bool_var("")
+        mod.m.add(v != solver.value(v)).only_enforce_if(d)
+        differs.append(d)
+    mod.m.add_bool_or(differs)
+    mod.m.clear_hints()
 
 
 def _cores(solver: cp_model.CpSolver, c: dict[tuple[str, int], cp_model.IntVar]) -> dict[str, dict[int, int]]:
@@ -344,7 +492,7 @@ def relaxation(
     task and the shared pool's size P (None without shareable tasks)."""
     k = math.gcd(*(g.threads for g in view.classes)) if view.classes else 1
     m = cp_model.CpModel()
-    X = {t.name: m.new_int_var(t.min_cores, effective_max(t, view), f"X{t.name}") for t in tasks}
+    X = {t.name: m.new_int_var(t.min_cores, allowed_max(view, t), f"X{t.name}") for t in tasks}
     total = len(view.cpus)
     load = []
     usage: dict[str, cp_model.LinearExprT] = {}  # PUs a task keeps from others

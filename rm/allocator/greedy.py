@@ -10,18 +10,21 @@ did before #5".  Steps:
 3. Growth: in the same order, extend every task up to ``max_cores``.
 
 Each CPU is picked among those that keep constraints C1-C6 of
-:mod:`cod.rm.allocator.check` satisfied, preferring, in order: a CPU the task
+:mod:`cod.rm.allocator.problem` satisfied, preferring, in order: a CPU the task
 holds in the current allocation; for an exclusive no-SMT-sharing task, the
 sibling of a CPU it already has; for a sensitive task, its domains / nodes
 already in use, then the domain with the best fit for what it still needs;
 for a cache polluter, domains already polluted; lowest core, then CPU number.
+An unregistered process (an other: top priority, min 0) grows first and
+prefers CPUs no registered task holds now, then those away from sensitive
+tasks, then the CPUs it runs on.
 """
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from .check import effective_max
+from .problem import allowed_cpus, effective_max, is_other
 from .model import TaskSpec
 from .topology import View
 
@@ -38,6 +41,8 @@ class GreedyState:
         self.domain_tasks: dict[int, set[str]] = {d: set() for d in range(view.n_domains)}
         self.domain_polluters: dict[int, set[str]] = {d: set() for d in range(view.n_domains)}
         self.domain_sensitive: dict[int, set[str]] = {d: set() for d in range(view.n_domains)}
+        self.allowed = {t.name: allowed_cpus(view, t) for t in tasks if is_other(t)}
+        self.others = set(self.allowed)  # names of unregistered processes
 
     def blocker(self, task: TaskSpec, c: int) -> str | None:
         """Why ``task`` cannot take CPU ``c`` now (None: it can)."""
@@ -47,7 +52,12 @@ class GreedyState:
             if task.name in here:
                 return "held"
             if task.exclusive or any(self.tasks[o].exclusive for o in here):
-                return f"exclusive neighbour {min(here)}"
+                o = min(here)
+                return f"reserved for {o}" if o in self.others else f"exclusive neighbour {o}"
+        if self.allowed:
+            allowed = self.allowed.get(task.name)
+            if allowed is not None and c not in allowed:
+                return "not allowed"
         for s in v.siblings[c]:
             near = self.holders[s]
             if not near or (len(near) == 1 and task.name in near):
@@ -57,7 +67,7 @@ class GreedyState:
                 if ot.exclusive and not ot.allow_smt_sharing:
                     return f"SMT sibling of {o}"
                 if task.exclusive and not task.allow_smt_sharing:
-                    return f"SMT sibling held by {o}"
+                    return f"SMT sibling {'reserved for' if o in self.others else 'held by'} {o}"
         if task.working_set_bytes:
             node = v.node_of[c]
             free = v.node_free.get(node)
@@ -83,7 +93,8 @@ class GreedyState:
         if "cache" in task.sensitive:
             self.domain_sensitive[d].add(task.name)
 
-    def pick(self, task: TaskSpec, need: int, current: set[int]) -> int:
+    def pick(self, task: TaskSpec, need: int, current: set[int],
+             others_now: Mapping[int, list[TaskSpec]] | None = None) -> int:
         """Take up to ``need`` more CPUs for ``task``; returns how many it got.
 
         Candidates are ranked once (ranking again after every pick would cost
@@ -101,8 +112,30 @@ class GreedyState:
             per_domain[v.domain_of[c]] = per_domain.get(v.domain_of[c], 0) + 1
         polluted = {d for d, names in self.domain_polluters.items() if names - {task.name}}
         e1 = task.exclusive and not task.allow_smt_sharing
+        if is_other(task):
+            # registered tasks' current CPUs last, then away from sensitive tasks
+            near: dict[tuple[str, int], set[str]] = {}
+            held_now = others_now or {}
+            for c, hs in held_now.items():
+                if c not in v.node_of:
+                    continue  # unavailable now
+                for h in hs:
+                    if "cache" in h.sensitive:
+                        near.setdefault(("d", v.domain_of[c]), set()).add(h.name)
+                    if "numa" in h.sensitive:
+                        near.setdefault(("n", v.node_of[c]), set()).add(h.name)
 
-        def key(c: int) -> tuple:
+            def other_key(c: int) -> tuple:
+                hs = held_now.get(c, ())
+                return (len(hs), any(h.sensitive for h in hs),
+                        len(near.get(("d", v.domain_of[c]), ())) + len(near.get(("n", v.node_of[c]), ())),
+                        c not in current, c)
+
+            key = other_key
+        else:
+            key = None
+
+        def task_key(c: int) -> tuple:
             d = v.domain_of[c]
             fits = per_domain[d] >= need
             if task.sensitive:
@@ -126,7 +159,7 @@ class GreedyState:
             )
 
         got = 0
-        for c in sorted(cands, key=key):
+        for c in sorted(cands, key=key or task_key):
             if got == need:
                 break
             if self.blocker(task, c) is None:
@@ -143,10 +176,34 @@ def order(tasks: Sequence[TaskSpec]) -> list[TaskSpec]:
 def solve_greedy(
     view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]] | None = None
 ) -> tuple[dict[str, list[int]] | None, str | None]:
-    """(allocation, None) or (None, reason) when a task cannot get its min_cores."""
+    """(allocation, None) or (None, reason) when a task cannot get its min_cores.
+
+    With others (unregistered processes), they are placed first, away from
+    where registered tasks sit now (so a registered task moves only when an
+    other has no other choice); if that leaves some task short of its
+    min_cores, again with the others after every task's admission."""
     current = current or {}
+    if any(is_other(t) for t in tasks):
+        alloc, reason = _greedy(view, tasks, current, others_first=True)
+        if alloc is not None:
+            return alloc, reason
+    return _greedy(view, tasks, current, others_first=False)
+
+
+def _greedy(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]], others_first: bool
+            ) -> tuple[dict[str, list[int]] | None, str | None]:
     state = GreedyState(view, tasks)
     ordered = order(tasks)
+    # where registered tasks sit now: others keep away from it
+    registered_now: dict[int, list[TaskSpec]] = {}
+    for t in tasks:
+        if not is_other(t):
+            for c in current.get(t.name, ()):
+                registered_now.setdefault(c, []).append(t)
+    if others_first:
+        for t in ordered:
+            if is_other(t):
+                state.pick(t, effective_max(t, view), set(current.get(t.name, ())), registered_now)
     for t in ordered:  # 0. keep up to min_cores of what each task holds now
         mine = set(current.get(t.name, ()))
         for c in sorted(mine & set(view.cpus))[: t.min_cores]:
@@ -158,20 +215,30 @@ def solve_greedy(
         if got < t.min_cores:
             return None, admission_reason(state, t, got)
     for t in ordered:
-        state.pick(t, effective_max(t, view) - len(state.held[t.name]), set(current.get(t.name, ())))
+        state.pick(t, effective_max(t, view) - len(state.held[t.name]), set(current.get(t.name, ())),
+                   registered_now)
     return {name: sorted(cpus) for name, cpus in state.held.items()}, None
 
 
 def admission_reason(state: GreedyState, task: TaskSpec, got: int) -> str:
-    """Why ``task`` got only ``got`` of its ``min_cores``: the blockers, counted."""
+    """Why ``task`` got only ``got`` of its ``min_cores`` after the tasks before
+    it: the blockers, counted by kind ("exclusive neighbour" of any task counts
+    once, with up to three names), so a refusal on 1,024 CPUs stays one line."""
     counts: dict[str, int] = {}
+    names: dict[str, list[str]] = {}
     for c in state.view.cpus:
         b = state.blocker(task, c)
-        if b is not None and b != "held":
-            counts[b] = counts.get(b, 0) + 1
-    why = ", ".join(f"{n} CPUs: {b}" for b, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+        if b is None or b == "held":
+            continue
+        kind, _, who = b.rpartition(" ") if b.split(" ")[-1] in state.tasks else (b, "", "")
+        counts[kind] = counts.get(kind, 0) + 1
+        if who and who not in names.setdefault(kind, []):
+            names[kind].append(who)
+    parts = []
+    for kind, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        who = names.get(kind, [])
+        shown = f" ({', '.join(who[:3])}{f' and {len(who) - 3} more' if len(who) > 3 else ''})" if who else ""
+        parts.append(f"{n} CPUs: {kind}{shown}")
     total = len(state.view.cpus)
-    return (
-        f"task {task.name!r} needs min_cores={task.min_cores} but only {got} of {total} available "
-        f"CPUs can be given to it" + (f" ({why})" if why else "")
-    )
+    return (f"task {task.name!r} needs min_cores={task.min_cores}; after the tasks placed before it, "
+            f"{got} of the {total} available CPUs can be given to it" + (f" ({'; '.join(parts)})" if parts else ""))

@@ -19,12 +19,14 @@ few milliseconds when restricted to those nodes:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
 from .bounds import fewest, task_caps
-from .cpsat import _build, _lower_objective, _solver, is_e1
+from .cpsat import _build, _lower_objective, _solver
+from .problem import is_e1
 from .model import TaskSpec
 from .topology import CpuClass, View
 
@@ -105,7 +107,8 @@ def _solve_hood(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Seq
     dmap = {d: i for i, d in enumerate(domains)}
     new_of = {gi: i for i, gi in enumerate(old)}
     classes = tuple(CpuClass(i, dmap[view.classes[gi].domain], view.classes[gi].node,
-                             view.classes[gi].threads, view.classes[gi].cores) for i, gi in enumerate(old))
+                             view.classes[gi].threads, view.classes[gi].cores, view.classes[gi].part)
+                    for i, gi in enumerate(old))
     cpus = tuple(sorted(c for g in classes for c in g.cpus))
     nodes = tuple(sorted({g.node for g in classes}))
     sub_view = View(
@@ -113,11 +116,11 @@ def _solve_hood(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Seq
         domain_of={c: dmap[view.domain_of[c]] for c in cpus}, core_of={c: view.core_of[c] for c in cpus},
         siblings={c: view.siblings[c] for c in cpus}, domain_labels=tuple(view.domain_labels[d] for d in domains),
         nodes=nodes, node_free={n: view.node_free.get(n) for n in nodes}, classes=classes,
+        allowed_sets=view.allowed_sets,
     )
     inside = {t.name: sum(counts[t.name].get(gi, 0) for gi in old) for t in tasks}
-    sub_tasks = [TaskSpec(t.name, min_cores=inside[t.name], max_cores=inside[t.name],
-                          working_set_bytes=t.working_set_bytes, sensitive=t.sensitive, exclusive=t.exclusive,
-                          pollutes_cache=t.pollutes_cache, allow_smt_sharing=t.allow_smt_sharing)
+    # same kinds (others stay others, with their allowed CPUs), sizes fixed
+    sub_tasks = [replace(t, min_cores=inside[t.name], max_cores=inside[t.name], priority=0)
                  for t in tasks if inside[t.name]]
     by_name = {t.name: t for t in tasks}
     sub_current = {name: [c for c in cur if c in sub_view.node_of] for name, cur in current.items()}

@@ -114,20 +114,94 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _cpu_tuple(name: str, key: str, v: Any) -> tuple[int, ...]:
+    if isinstance(v, (str, bytes)) or not isinstance(v, (list, tuple, set, frozenset)) \
+            or not all(_is_int(c) and c >= 0 for c in v):
+        raise TaskSpecError(f"other {name!r}: {key}: must be a list of CPU numbers, got {v!r}")
+    return tuple(sorted(set(v)))
+
+
+@dataclass(frozen=True)
+class OtherDemand:
+    """An unregistered busy process (a "newcomer") the allocator keeps CPUs for.
+
+    * ``name``: how results and explanations name it, e.g. ``"other.1234"``.
+    * ``cores``: CPUs it keeps busy (>= 1); it gets them exclusively.
+    * ``cpus``: the CPUs it runs on now (moving it elsewhere costs, but less
+      than moving a registered task).
+    * ``allowed``: the CPUs it may be confined to (None: any).  Counted per
+      core: a core some of whose PUs are not allowed is not offered to it.
+    """
+
+    name: str
+    cores: int = 1
+    cpus: tuple[int, ...] = ()
+    allowed: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TaskSpecError(f"other {self.name!r}: name: must be a non-empty string")
+        if not _is_int(self.cores) or self.cores < 1:
+            raise TaskSpecError(f"other {self.name!r}: cores: must be an integer >= 1, got {self.cores!r}")
+        object.__setattr__(self, "cpus", _cpu_tuple(self.name, "cpus", self.cpus))
+        if self.allowed is not None:
+            object.__setattr__(self, "allowed", _cpu_tuple(self.name, "allowed", self.allowed))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "OtherDemand":
+        """Strict: unknown keys or bad values raise TaskSpecError naming the process and key."""
+        if not isinstance(d, dict):
+            raise TaskSpecError(f"other: must be a table/object, got {type(d).__name__}")
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise TaskSpecError(f"other {name!r}: name: required, a non-empty string")
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in d if k not in known)
+        if unknown:
+            raise TaskSpecError(
+                f"other {name!r}: unknown key {unknown[0]!r}; known keys: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "cores": self.cores, "cpus": list(self.cpus),
+                "allowed": None if self.allowed is None else list(self.allowed)}
+
+
 @dataclass(frozen=True)
 class TaskAllocation:
     name: str
     cores: tuple[int, ...]  # CPU numbers, ascending
     numa_nodes: tuple[int, ...]  # NUMA nodes of those CPUs, ascending
     binding: tuple[str, ...]  # constraints that limited this task, e.g. "max", "memory of node 3"
+    # unregistered processes (OtherDemand names) that took CPUs this task held
+    # in the current allocation: the reason of its upcall
+    displaced_by: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "name": self.name,
             "cores": list(self.cores),
             "numa_nodes": list(self.numa_nodes),
             "binding": list(self.binding),
         }
+        if self.displaced_by:
+            d["displaced_by"] = list(self.displaced_by)
+        return d
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """CPUs kept for one unregistered busy process (an :class:`OtherDemand`)."""
+
+    name: str
+    cpus: tuple[int, ...]  # ascending; fewer than ``wanted`` when registered tasks' min_cores need the rest
+    wanted: int
+    moved: bool  # it does not run on all of these now: confine it there
+    binding: tuple[str, ...]  # why it got fewer or different CPUs, e.g. "min_cores of T"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "cpus": list(self.cpus), "wanted": self.wanted, "moved": self.moved,
+                "binding": list(self.binding)}
 
 
 @dataclass(frozen=True)
@@ -140,6 +214,11 @@ class AllocationResult:
     # for "feasible": the solver's relative gap on the objective term it was
     # still improving when the time limit hit (see cod.rm.allocator.cpsat)
     gap: float | None = None
+    # CPUs kept for unregistered busy processes (the ``others`` of allocate)
+    reservations: tuple[Reservation, ...] = ()
+    # how the answer was found and proven, e.g. "packing = relaxation bound"
+    # (for benchmarks and debugging; not part of to_dict)
+    via: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -151,7 +230,13 @@ class AllocationResult:
         }
         if self.gap is not None:
             d["gap"] = round(self.gap, 6)
+        if self.reservations:
+            d["reservations"] = [r.to_dict() for r in self.reservations]
         return d
+
+    def reserved_cpus(self) -> tuple[int, ...]:
+        """Every CPU kept for unregistered processes, ascending."""
+        return tuple(sorted({c for r in self.reservations for c in r.cpus}))
 
     def cores_of(self, name: str) -> tuple[int, ...]:
         for t in self.tasks:

@@ -2,8 +2,8 @@
 
 One variable per available CPU whose value is the set of tasks holding it
 (empty, one exclusive task, or any non-empty set of shareable tasks).  The
-constraints C1-C6 of :mod:`cod.rm.allocator.check` prune partial assignments;
-every complete solution is scored with :func:`cod.rm.allocator.check.objective`.
+constraints C1-C6 of :mod:`cod.rm.allocator.problem` prune partial assignments;
+every complete solution is scored with :func:`cod.rm.allocator.problem.objective`.
 Meant for tests (up to ~8 CPUs and 4 tasks), not for production.
 """
 
@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import constraint
 
-from .check import effective_max, objective, violations
+from .problem import allowed_cpus, effective_max, objective, violations
 from .model import TaskSpec
 from .topology import View
 
@@ -39,7 +39,11 @@ def best(
     """(best objective, one allocation reaching it), or (None, None) if infeasible."""
     p = constraint.Problem()
     cpus = list(view.cpus)
-    p.addVariables(cpus, _values(tasks))
+    values = _values(tasks)
+    allowed = {t.name: allowed_cpus(view, t) for t in tasks}
+    for c in cpus:  # C7: a restricted task appears only on its allowed CPUs
+        p.addVariable(c, [v for v in values
+                          if all(allowed[n] is None or c in allowed[n] for n in v)])
     for t in tasks:  # C2, checked on partial assignments too
         lo, hi = t.min_cores, effective_max(t, view)
 

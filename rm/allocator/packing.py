@@ -28,11 +28,8 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .model import TaskSpec
+from .problem import is_e1, is_other
 from .topology import View
-
-
-def is_e1(t: TaskSpec) -> bool:
-    return t.exclusive and not t.allow_smt_sharing
 
 
 @dataclass
@@ -60,11 +57,67 @@ class _State:
         self.sensitive: dict[int, dict[str, int]] = {d: {} for d in range(view.n_domains)}
         self.counts: dict[str, dict[int, int]] = {t.name: {} for t in tasks}
         self.cores: dict[str, dict[int, int]] = {t.name: {} for t in tasks if is_e1(t)}
+        # C7: the classes an other may use (absent: any)
+        self.allowed = {t.name: view.allowed_classes(t.allowed) for t in tasks if is_other(t) and t.allowed is not None}
+
+    @classmethod
+    def of(cls, view: View, tasks: Sequence[TaskSpec], alloc: Mapping[str, Sequence[int]]) -> "_State":
+        """The counts of a CPU-level allocation (whole cores for E1 tasks)."""
+        st = cls(view, tasks)
+        class_of = {c: g.index for g in view.classes for c in g.cpus}
+        for t in tasks:
+            per: dict[int, list[int]] = {}
+            for c in alloc.get(t.name, ()):
+                if c in class_of:
+                    per.setdefault(class_of[c], []).append(c)
+            for gi, cpus in per.items():
+                if is_e1(t):  # set_count derives whole cores from the count: use the cores held
+                    st.cores[t.name][gi] = 0
+                st.set_count(t, gi, len(cpus))
+                if is_e1(t):
+                    n_cores = len({view.core_of[c] for c in cpus})
+                    g = view.classes[gi]
+                    st.excl[gi] += (n_cores - st.cores[t.name][gi]) * g.threads
+                    st.cores[t.name][gi] = n_cores
+                    st.room[gi] = g.size - st.excl[gi] - st.pool[gi]
+        return st
+
+    def copy(self) -> "_State":
+        st = _State.__new__(_State)
+        st.view, st.tasks = self.view, dict(self.tasks)
+        st.room, st.pool, st.excl = dict(self.room), dict(self.pool), dict(self.excl)
+        st.shared = {gi: dict(v) for gi, v in self.shared.items()}
+        st.mem = dict(self.mem)
+        st.polluters = {d: dict(v) for d, v in self.polluters.items()}
+        st.sensitive = {d: dict(v) for d, v in self.sensitive.items()}
+        st.counts = {n: dict(v) for n, v in self.counts.items()}
+        st.cores = {n: dict(v) for n, v in self.cores.items()}
+        st.allowed = dict(self.allowed)
+        return st
+
+    def add_task(self, t: TaskSpec) -> None:
+        self.tasks[t.name] = t
+        self.counts[t.name] = {}
+        if is_e1(t):
+            self.cores[t.name] = {}
+        if is_other(t) and t.allowed is not None:
+            self.allowed[t.name] = self.view.allowed_classes(t.allowed)
+
+    def remove_task(self, name: str) -> None:
+        t = self.tasks[name]
+        for gi in list(self.counts[name]):
+            self.set_count(t, gi, 0)
+        del self.tasks[name], self.counts[name]
+        self.cores.pop(name, None)
+        self.allowed.pop(name, None)
 
     def avail(self, t: TaskSpec, gi: int, pool_only: bool = False) -> int:
         """Most PUs ``t`` can add in class ``gi`` to what it holds there;
         ``pool_only``: for a shareable task, without growing the shared pool."""
         g = self.view.classes[gi]
+        allowed = self.allowed.get(t.name)
+        if allowed is not None and gi not in allowed:
+            return 0
         if t.pollutes_cache or "cache" in t.sensitive:
             if "cache" in t.sensitive and any(n != t.name for n in self.polluters[g.domain]):
                 return 0
@@ -151,7 +204,8 @@ def _order(tasks: Sequence[TaskSpec], totals: Mapping[str, int], variant: str) -
             return (kind > 1, kind, -totals[t.name], -len(t.sensitive), shape, t.name) if kind <= 1 \
                 else (True, 0, -totals[t.name], kind, -len(t.sensitive), shape, t.name)
         return (kind, -len(t.sensitive), -totals[t.name], shape, t.name)
-    return sorted(tasks, key=key)
+    # others last: registered tasks take back their CPUs first, others fill what is left
+    return sorted(tasks, key=lambda t: (is_other(t), key(t)))
 
 
 def pack(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
@@ -179,7 +233,7 @@ def pack(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[i
 
 def _partial(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
              totals: Mapping[str, int]) -> Packed | None:
-    from .check import effective_max, priority_levels
+    from .problem import effective_max, priority_levels
 
     levels = priority_levels(tasks)
     best: tuple[tuple, _State] | None = None

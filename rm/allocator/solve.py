@@ -4,6 +4,8 @@
 1. Small instances (tasks x CPUs <= GREEDY_FIRST_PAIRS): the greedy
    allocator; if its objective reaches the closed-form :func:`upper_bound`, it
    is optimal (status "optimal", solver "greedy"; the paper's Table 4).
+1b. The waterfill bound (:mod:`.waterfill`, no CP-SAT): greedy or the packing
+   of its totals reaching it is optimal.
 2. The relaxation bound (:func:`.bounds.relaxed_bound`: O2 per level proven,
    then lower bounds of O3 and O4) and a best-fit packing of its totals
    (:mod:`.packing`).  Packing == bound: "optimal" without search; O2 reached
@@ -15,7 +17,7 @@
    proven, with gap) or "fallback".  Proven infeasible: "infeasible", reason
    from the greedy admission step.
 ``naive``: the Figure 4 matrix model (:mod:`.naive`), same fallback rules.
-Every allocation is checked with :func:`.check.violations`; a violation is a bug.
+Every allocation is checked with :func:`.problem.violations`; a violation is a bug.
 """
 
 from __future__ import annotations
@@ -25,12 +27,14 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .bounds import RelaxedBound, relaxed_bound, upper_bound
-from .check import objective, violations
+from .problem import is_other, n_tail, objective, violations
 from .cpsat import solve_counts
+from .explain import infeasibility_reason
 from .greedy import solve_greedy
 from .lns import improve
 from .mapping import map_counts
 from .packing import pack
+from .waterfill import Fill, waterfill_bound
 from .model import TaskSpec
 from .naive import solve_naive
 from .topology import View
@@ -45,6 +49,7 @@ class Outcome:
     status: str
     solver: str  # the one whose allocation this is
     gap: float | None = None
+    via: str = ""  # how it was found and proven (bench, debugging): see AllocationResult.via
 
 
 # Below this many (task, CPU) pairs the CPU-level greedy costs well under a
@@ -60,18 +65,37 @@ BUILD_S_PER_PAIR = 45e-6
 ACCEPT_GAP = 0.01
 
 
-def lexicographic_gap(value: tuple[int, ...], bound: tuple[int, ...], kept_cap: int) -> float | None:
-    """Relative gap of O3/O4 once O2 is proven optimal (None otherwise).
+def lexicographic_gap(value: tuple[int, ...], bound: tuple[int, ...], caps: int | Sequence[int]
+                      ) -> float | None:
+    """Relative gap of the terms after O2 once O2 is proven optimal (None otherwise).
 
-    O3 and O4 are compared as the count model weighs them, exactly
-    lexicographically: cost = (K + 1) * spread + moves, K = CPUs of the
-    current allocation; gap = (cost - lower bound) / cost, 0 when optimal.
+    They are compared as the count model weighs them, exactly
+    lexicographically: without others cost = (K + 1) * spread + moves, K =
+    CPUs of the current allocation (``caps``); with others ``caps`` are the
+    ranges of O4-O7 (:func:`tail_caps`) and each term weighs more than all
+    later ones together.  gap = (cost - lower bound) / cost, 0 when optimal.
     """
-    if value[:-2] != bound[:-2]:
+    caps = [caps] if isinstance(caps, int) else list(caps)
+    n = len(caps) + 1
+    if value[:-n] != bound[:-n]:
         return None
-    cost = (kept_cap + 1) * -value[-2] - value[-1]
-    low = (kept_cap + 1) * -bound[-2] - bound[-1]
+    weights = [1]
+    for c in reversed(caps):
+        weights.insert(0, weights[0] * (c + 1))
+    cost = sum(w * -v for w, v in zip(weights, value[-n:]))
+    low = sum(w * -v for w, v in zip(weights, bound[-n:]))
     return max(0.0, (cost - low) / max(1, cost))
+
+
+def tail_caps(tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]]) -> list[int]:
+    """Ranges of O4 (and O5-O7 with others): the weights of :func:`lexicographic_gap`."""
+    held = sum(len(set(current.get(t.name, ()))) for t in tasks if not is_other(t))
+    if n_tail(tasks) == 2:
+        return [held]
+    others = [t for t in tasks if is_other(t)]
+    sensitive = sum(("cache" in t.sensitive) + ("numa" in t.sensitive) for t in tasks)
+    return [held, sum(1 for t in tasks if not is_other(t) and current.get(t.name)),
+            len(others) * sensitive, sum(len(set(current.get(t.name, ()))) for t in others)]
 
 
 def solve_exact(
@@ -97,18 +121,33 @@ def _solve_cpsat(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Se
     relaxation's levels and spread bound."""
     deadline = time.perf_counter() + time_limit_s
     greedy = reason = None
+    greedy_obj = None
     if len(tasks) * len(view.cpus) <= GREEDY_FIRST_PAIRS:
         greedy, reason = solve_greedy(view, tasks, current)
-        if greedy is not None and objective(view, tasks, greedy, current) == upper_bound(view, tasks, current):
-            return Outcome(greedy, None, "optimal", "greedy")
+        if greedy is not None:
+            greedy_obj = objective(view, tasks, greedy, current)
+            if greedy_obj == upper_bound(view, tasks, current):
+                return Outcome(greedy, None, "optimal", "greedy", via="greedy = closed-form bound")
+    wf = waterfill_bound(view, tasks, current)
+    if isinstance(wf, Fill):
+        if greedy_obj == wf.objective:
+            return Outcome(greedy, None, "optimal", "greedy", via="greedy = waterfill bound")
+        packed = pack(view, tasks, current, wf.totals, (wf.spread, wf.moves))
+        if packed is not None and packed.complete:
+            alloc = map_counts(view, tasks, current, packed.counts, packed.cores)
+            if objective(view, tasks, alloc, current) == wf.objective:
+                broken = violations(view, tasks, alloc)
+                if broken:
+                    raise AssertionError(f"packing produced an infeasible allocation: {broken[0]}")
+                return Outcome(alloc, None, "optimal", "cpsat", via="packing = waterfill bound")
     # the bound is what makes answers provable: it gets 60 % of the time
     rb = relaxed_bound(view, tasks, current, max(0.0, deadline - time.perf_counter()) * 0.6)
     if rb is None:
         if greedy is None:
             greedy, reason = solve_greedy(view, tasks, current)
-        why = reason or "no allocation satisfies every task's min_cores and the constraints together"
-        return Outcome(None, why, "infeasible", "cpsat")
-    kept_cap = sum(len(v) for v in current.values())
+        return Outcome(None, infeasibility_reason(view, tasks, reason), "infeasible", "cpsat",
+                       via="relaxation infeasible")
+    kept_cap = tail_caps(tasks, current)
     best: Alloc | None = None
     best_by = "cpsat"
     gap = None  # set when the packing reached the proven O2
@@ -135,9 +174,10 @@ def _solve_cpsat(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Se
                     if better is not None and better < gap:
                         best, gap = alloc, better
             if gap == 0:
-                return Outcome(best, None, "optimal", "cpsat")
-            if gap is not None and gap <= ACCEPT_GAP:
-                return Outcome(best, None, "feasible", "cpsat", gap)
+                return Outcome(best, None, "optimal", "cpsat", via="packing = relaxation bound")
+            if gap is not None and gap <= ACCEPT_GAP and len(tasks) * len(view.cpus) > GREEDY_FIRST_PAIRS:
+                # (small instances: the count model is cheap enough to be exact)
+                return Outcome(best, None, "feasible", "cpsat", gap, via="packing within 1 % of the bound")
     # Greedy as another candidate: not when O2 is proven (it can hardly help),
     # nor, if a packing exists, when it would overrun the time limit.
     if greedy is None and gap is None and (
@@ -149,7 +189,8 @@ def _solve_cpsat(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Se
     left = max(0.001, deadline - time.perf_counter())
     if best is not None and left < 2 * BUILD_S_PER_PAIR * len(tasks) * len(view.classes):
         # the count model could not even be built in the time left
-        return Outcome(best, None, "feasible" if gap is not None else "fallback", best_by, gap)
+        return Outcome(best, None, "feasible" if gap is not None else "fallback", best_by, gap,
+                       via="no time for the count model")
     sol = solve_counts(view, tasks, current, left, hint=best,
                        bound=rb if isinstance(rb, RelaxedBound) else None)
     alloc = map_counts(view, tasks, current, sol.counts, sol.cores) if sol.status in ("optimal", "feasible") else None
@@ -158,10 +199,10 @@ def _solve_cpsat(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Se
     if isinstance(rb, RelaxedBound) and out.alloc is not None and out.status != "optimal":
         gap = lexicographic_gap(objective(view, tasks, out.alloc, current), rb.objective, kept_cap)
         if gap == 0:
-            return Outcome(out.alloc, None, "optimal", out.solver)
+            return Outcome(out.alloc, None, "optimal", out.solver, via="count model = relaxation bound")
         # the packing is a solution of ours, not a fallback, when its O2 is proven
         status = "feasible" if gap is not None else out.status
-        return Outcome(out.alloc, None, status, out.solver, gap)
+        return Outcome(out.alloc, None, status, out.solver, gap, via="count model, time limit")
     return out
 
 
@@ -169,17 +210,18 @@ def _finish(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequenc
             time_limit_s: float, status: str, alloc: Alloc | None, fallback: Alloc | None,
             reason: str | None, gap: float | None, fallback_by: str = "greedy") -> Outcome:
     if status == "infeasible":
-        why = reason or "no allocation satisfies every task's min_cores and the constraints together"
-        return Outcome(None, why, "infeasible", solver)
+        return Outcome(None, infeasibility_reason(view, tasks, reason), "infeasible", solver,
+                       via=f"{solver} infeasible")
     if alloc is None:
         if fallback is None:  # neither found anything in time
-            return Outcome(None, f"no allocation found in {time_limit_s} s; greedy: {reason}", "infeasible", solver)
-        return Outcome(fallback, None, "fallback", fallback_by)
+            return Outcome(None, f"no allocation found in {time_limit_s} s; greedy: {reason}", "infeasible", solver,
+                           via="nothing in time")
+        return Outcome(fallback, None, "fallback", fallback_by, via=f"{solver}: no solution in time")
     broken = violations(view, tasks, alloc)
     if broken:  # a bug, not a user error: say so loudly
         raise AssertionError(f"{solver} produced an infeasible allocation: {broken[0]}")
     if fallback is not None and objective(view, tasks, fallback, current) > objective(view, tasks, alloc, current):
         # Time ran out before the solver beat the fallback, or (only O4) the
         # mapping kept fewer CPUs than the count model hoped.
-        return Outcome(fallback, None, "feasible", fallback_by, gap)
-    return Outcome(alloc, None, status, solver, gap)
+        return Outcome(fallback, None, "feasible", fallback_by, gap, via=f"{fallback_by} better than {solver}")
+    return Outcome(alloc, None, status, solver, gap, via=f"{solver} model")

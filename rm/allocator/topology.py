@@ -26,6 +26,8 @@ class CpuClass:
     node: int
     threads: int  # available SMT threads per core in this class
     cores: tuple[tuple[int, ...], ...]  # available PUs of each core, ascending
+    # per set of View.allowed_sets: whether these cores lie inside it
+    part: tuple[bool, ...] = ()
 
     @property
     def cpus(self) -> tuple[int, ...]:
@@ -47,32 +49,45 @@ class View:
     nodes: tuple[int, ...]
     node_free: dict[int, int | None]  # free bytes per node; None = unknown, no constraint
     classes: tuple[CpuClass, ...]
+    # CPU sets some tasks are restricted to (unregistered processes' affinity):
+    # classes are split along them, whole cores only (CpuClass.part)
+    allowed_sets: tuple[frozenset[int], ...] = ()
 
     @property
     def n_domains(self) -> int:
         return len(self.domain_labels)
 
+    def allowed_classes(self, allowed: frozenset[int] | None) -> frozenset[int] | None:
+        """Indices of the classes inside ``allowed`` (one of ``allowed_sets``); None: all."""
+        if allowed is None:
+            return None
+        i = self.allowed_sets.index(allowed)
+        return frozenset(g.index for g in self.classes if g.part[i])
 
-_CACHE: dict[tuple[int, frozenset[int]], tuple[Machine, "View"]] = {}
+
+_CACHE: dict[tuple, tuple[Machine, "View"]] = {}
 _CACHE_SIZE = 16
 
 
-def build_view(machine: Machine, unavailable: Iterable[int] = ()) -> View:
-    """The view of ``machine`` without ``unavailable``; the last few are cached,
-    since the RM recomputes on the same machine again and again."""
+def build_view(machine: Machine, unavailable: Iterable[int] = (),
+               allowed_sets: Iterable[frozenset[int]] = ()) -> View:
+    """The view of ``machine`` without ``unavailable``, its classes split
+    along ``allowed_sets``; the last few are cached, since the RM recomputes
+    on the same machine again and again."""
     busy = frozenset(unavailable)
-    key = (id(machine), busy)
+    parts = tuple(dict.fromkeys(frozenset(a) for a in allowed_sets))
+    key = (id(machine), busy, parts)
     hit = _CACHE.get(key)
     if hit is not None and hit[0] is machine:
         return hit[1]
-    view = _build_view(machine, busy)
+    view = _build_view(machine, busy, parts)
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = (machine, view)
     return view
 
 
-def _build_view(machine: Machine, busy: frozenset[int]) -> View:
+def _build_view(machine: Machine, busy: frozenset[int], parts: tuple[frozenset[int], ...] = ()) -> View:
     online = set(machine.cpu_ids())
     unknown = sorted(busy - {pu.id for pu in machine.pus})
     if unknown:
@@ -108,19 +123,21 @@ def _build_view(machine: Machine, busy: frozenset[int]) -> View:
         by_core.setdefault(core_of[c], []).append(c)
     siblings = {c: tuple(s for s in by_core[core_of[c]] if s != c) for c in cpus}
 
-    class_cores: dict[tuple[int, int, int], list[tuple[int, ...]]] = {}
+    class_cores: dict[tuple, list[tuple[int, ...]]] = {}
     for core_pus in by_core.values():
         first = core_pus[0]
         # A core whose threads straddle domains or nodes (never seen) is split per CPU.
         if len({(domain_of[c], node_of[c]) for c in core_pus}) > 1:
             for c in core_pus:
-                class_cores.setdefault((domain_of[c], node_of[c], 1), []).append((c,))
+                part = tuple(c in a for a in parts)
+                class_cores.setdefault((domain_of[c], node_of[c], 1, part), []).append((c,))
             continue
-        key3 = (domain_of[first], node_of[first], len(core_pus))
-        class_cores.setdefault(key3, []).append(tuple(sorted(core_pus)))
+        part = tuple(all(c in a for c in core_pus) for a in parts)
+        key4 = (domain_of[first], node_of[first], len(core_pus), part)
+        class_cores.setdefault(key4, []).append(tuple(sorted(core_pus)))
     classes = tuple(
-        CpuClass(i, k[0], k[1], k[2], tuple(sorted(class_cores[k])))
-        for i, k in enumerate(sorted(class_cores, key=lambda k: (k[0], k[1], -k[2])))
+        CpuClass(i, k[0], k[1], k[2], tuple(sorted(class_cores[k])), k[3])
+        for i, k in enumerate(sorted(class_cores, key=lambda k: (k[0], k[1], -k[2], k[3])))
     )
 
     nodes = tuple(sorted(set(node_of.values())))
@@ -138,4 +155,5 @@ def _build_view(machine: Machine, busy: frozenset[int]) -> View:
         nodes=nodes,
         node_free=node_free,
         classes=classes,
+        allowed_sets=parts,
     )
