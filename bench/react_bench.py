@@ -26,6 +26,12 @@ Measured per trial, all on CLOCK_MONOTONIC:
 * ``exit_to_upcall``: the hog is killed; from the kill to ``db``'s upcall giving
   the core back (the exit path).
 
+* ``newcomer`` (issue 18): ``db`` is replaced by ``db1`` with ``min_cores =
+  max_cores = 1``, and per trial an unregistered spinner starts on ``db1``'s
+  very CPU.  Counted: how often ``db1`` is moved (goal: never, while a free
+  CPU exists), how often the hog is confined away from it, and the time from
+  the hog's exec to its confinement.
+
 Targets (issue #6): exec_to_upcall median <= 5 ms and p99 <= 20 ms for the
 registering hog.  For the unregistered hog the window is reported apart, with
 the latency beyond it.  Anchors: numad re-evaluates every 5 to 15 s; the paper
@@ -241,6 +247,49 @@ def run_trials(args, kind: str, conn: Conn, src: ConnectorSource | None, hog_cmd
     return out
 
 
+def newcomer_trials(args, conn: Conn, src: ConnectorSource | None, spinner: Path, cpus: set[int]) -> dict:
+    """Issue 18: an unregistered hog starts on the CPU of a one-CPU task; does the task move?"""
+    db1 = subprocess.Popen([str(spinner), "1", "sleep"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    db1.stdout.readline()
+    try:
+        home = conn.call("register_task", {"name": "db1", "pid": db1.pid,
+                                           "properties": {"min_cores": 1, "max_cores": 1}})["allocation"]["cores"]
+        moved, confined, skipped, e2c = 0, 0, 0, []
+        for _ in range(args.trials):
+            if src is not None:
+                src.read_events()
+            t_spawn = time.monotonic_ns()
+            hog = subprocess.Popen([str(spinner), "1", "spin"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                   preexec_fn=lambda: os.sched_setaffinity(0, home))
+            try:
+                t_conf = excluded_at(hog.pid, set(home), limit_s=5.0)
+                t_exec = exec_time(src, hog.pid, t_spawn)
+                if t_conf is not None:
+                    confined += 1
+                    e2c.append((t_conf - t_exec) / 1e9)
+                try:  # any upcall that moves db1 (none is expected)
+                    _, params = conn.upcall(lambda p: p["task"] == "db1" and p["cores"] != home, timeout=0.3)
+                    moved += 1
+                    conn.call("ack_allocation", {"task": "db1", "epoch": params["epoch"]})
+                    home = params["cores"]
+                except (TimeoutError, socket.timeout):
+                    pass
+                if t_conf is None:
+                    skipped += 1
+            finally:
+                hog.kill()
+                hog.wait()
+            deadline = time.monotonic() + 5
+            while conn.call("list_tasks", {})["other_tasks"] and time.monotonic() < deadline:
+                time.sleep(0.05)
+        return {"trials": args.trials, "task_moved": moved, "hog_confined_away": confined,
+                "trials_without_confinement": skipped, "exec_to_hog_confined": summary_ms(e2c),
+                "goal": "task_moved == 0 while a free CPU exists", "goal_met": moved == 0}
+    finally:
+        db1.kill()
+        db1.wait()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=100)
@@ -249,7 +298,7 @@ def main() -> None:
     ap.add_argument("--busy-interval", type=float, default=0.1)
     ap.add_argument("--busy-window", type=int, default=3)
     ap.add_argument("--busy-threshold", type=float, default=0.5)
-    ap.add_argument("--only", choices=["registering", "unregistered"], default=None)
+    ap.add_argument("--only", choices=["registering", "unregistered", "newcomer"], default=None)
     ap.add_argument("--solver", choices=["cpsat", "greedy"], default="cpsat", help="the daemon's allocator")
     args = ap.parse_args()
     cpus = set(os.sched_getaffinity(0))
@@ -261,9 +310,11 @@ def main() -> None:
         spinner = compile_c(SPINNER_C, tmp / "spinner")
         sock = tmp / "rm.sock"
         cmd = [sys.executable, "-m", "cod.cli.main", "rm", "--socket", str(sock), "--state-dir", str(tmp / "state"),
-               "--cgroup-parent", f"cod_bench_{os.getpid()}", "--log-level", "warning",
+               "--cgroup-parent", f"cod_bench_{os.getpid()}", "--log-level", os.environ.get("COD_BENCH_LOG", "warning"),
                "--busy-interval", str(args.busy_interval), "--busy-window", str(args.busy_window),
-               "--busy-threshold", str(args.busy_threshold), "--solver", args.solver]
+               "--busy-threshold", str(args.busy_threshold), "--solver", args.solver,
+               # Only what the bench starts may be seen as busy and confined (never other work here).
+               "--busy-scope", f"descendants:{os.getpid()}"]
         if args.enforce:
             cmd += ["--enforce", args.enforce]
         daemon = subprocess.Popen(cmd, stderr=open(tmp / "rm.log", "wb"))
@@ -293,6 +344,9 @@ def main() -> None:
             if args.only in (None, "unregistered"):
                 result["unregistered"] = run_trials(args, "unregistered", conn, src,
                                                     lambda i: [str(spinner), "1", "spin"], cpus)
+            if args.only in (None, "newcomer"):
+                conn.call("deregister_task", {"task": "db"})
+                result["newcomer"] = newcomer_trials(args, conn, src, spinner, cpus)
             result["anchors"] = {"numad_interval_s": [5, 15], "paper": "a few seconds"}
             result["machine_load_1min"] = round(os.getloadavg()[0], 2)
         finally:
@@ -307,6 +361,8 @@ def main() -> None:
                 daemon.wait()
                 print(f"the daemon did not stop within 20 s of SIGTERM; its log:\n{(tmp / 'rm.log').read_text()}",
                       file=sys.stderr)
+        if os.environ.get("COD_BENCH_LOG"):
+            print((tmp / "rm.log").read_text()[-6000:], file=sys.stderr)
     print(json.dumps(result, indent=2))
 
 

@@ -76,6 +76,8 @@ class Publication:
     holdings: Mapping[str, Cores] = field(default_factory=dict)  # every task's holdings now
     repin: Mapping[str, Cores] = field(default_factory=dict)  # tasks whose holdings changed
     next_deadline: float | None = None
+    # tasks whose change has a reason of its own (an unregistered process took their CPUs)
+    task_reasons: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def empty(self) -> bool:

@@ -33,6 +33,7 @@ from cod.protocol.names import name_problem
 from cod.skb.codec import PREDICATE_KINDS
 
 from .registry import Connection, Task
+from .reservations import other_pid
 from .service import ResourceManager
 from .taskprops import split_properties
 
@@ -209,6 +210,9 @@ async def register_task(rm: ResourceManager, conn: Connection, p: Params) -> Any
     p.done()
     if name in rm.registry.tasks:
         raise RpcError(ALREADY_EXISTS, f"a task named {name!r} is already registered")
+    if other_pid(name) is not None:
+        raise RpcError(INVALID_PARAMS, f"register_task: task names other.PID are the daemon's names of unregistered "
+                                       f"busy processes; choose another than {name!r}")
     plain, derived = split_properties(props, "register_task")
     owner = _proc_owner(pid)
     if owner != conn.peer.uid and not conn.privileged:

@@ -8,9 +8,10 @@ touches the kernel.  Everything runs on the RM's event loop:
   read with ``loop.add_reader``: a registered task's exit deregisters it and
   recomputes at once; a new thread or child of a registered task is pinned at once;
 * the busy detector runs every ``busy_interval_s``: a process nobody registered
-  that stays busy over the window becomes an ``other_task`` fact, CPUs are kept
-  free for it (the allocator's ``unavailable``), and, when ``confine_others`` is
-  on, it is confined to the CPUs no task was given;
+  that stays busy over the window becomes an ``other_task`` fact and a demand of
+  the allocator, which keeps CPUs for it with the objective of every task
+  (registered tasks stay, free CPUs first: issue 18), and, when
+  ``confine_others`` is on, it is confined to the CPUs kept for it;
 * the live state (per-CPU load, free memory per node, per-task CPU use and pages
   per node) is written into the SKB every ``refresh_interval_s``, only when it changed.
 """
@@ -31,7 +32,7 @@ from .enforce.busy import BusyDetector, BusyProcess, confine
 from .enforce.livestate import LiveStateSampler
 from .enforce.procevents import ProcEvent, open_source
 from .registry import Task
-from .reservations import OtherTask, other_task_name, printable, reserve_cpus
+from .reservations import OtherTask, other_task_name, printable
 from .scope import ProcessScope
 from .service import ResourceManager
 
@@ -84,7 +85,7 @@ class Monitor:
             "watching: process events by %s; busy processes %s; live state every %.3g s",
             self.source.kind,
             (f"above {self.cfg.busy_threshold:g} cores for {self.cfg.busy_window} samples of "
-             f"{self.cfg.busy_interval_s:g} s, {'confined to leftover cores' if self.confine else 'not confined'}")
+             f"{self.cfg.busy_interval_s:g} s, {'confined to the CPUs the allocator keeps for them' if self.confine else 'not confined'}")
             if self.cfg.busy_detect else "not watched",
             self.cfg.refresh_interval_s,
         )
@@ -208,31 +209,31 @@ class Monitor:
             changes.append(f"busy process {pid} ({others.pop(pid).comm}) is quiet or gone")
             self.hogs.pop(pid, None)
             self._unconfine(pid)
-        taken = {c for o in others.values() for c in o.cpus}
-        held = {c for cores in self.rm.epochs.holdings().values() for c in cores}
         for pid, hog in sorted(now.items(), key=lambda kv: (-kv[1].cpu, kv[0])):
             self.hogs[pid] = hog
             if pid in others:
                 continue
-            cpus = reserve_cpus(round(hog.cpu), hog.cpus, held, taken, self.all_cpus,
-                                movable=self.confine and self.scope.allows(pid, hog.comm))
-            taken.update(cpus)
-            others[pid] = OtherTask(pid, printable(hog.comm), hog.cpu, cpus)
+            # Where it runs now; the allocator decides where it goes (issue 18).  One the RM will not
+            # confine can only be kept where its own affinity lets it run.
+            movable = self.confine and self.scope.allows(pid, hog.comm)
+            others[pid] = OtherTask(pid, printable(hog.comm), hog.cpu, (hog.last_cpu,),
+                                    None if movable else tuple(hog.cpus))
             changes.append(f"busy process {pid} ({printable(hog.comm)}) uses {hog.cpu:.2f} cores")
-            log.info("unregistered busy process %d (%s): %.2f cores, keeping CPUs %s for it",
-                     pid, printable(hog.comm), hog.cpu, ",".join(map(str, cpus)))
+            log.info("unregistered busy process %d (%s): %.2f cores, running on CPU %d",
+                     pid, printable(hog.comm), hog.cpu, hog.last_cpu)
         if changes:
             self._spawn(self.rm.set_others(others, "; ".join(changes)))
 
     def _reconfine(self) -> None:
-        """After each published plan: keep every busy process on the CPUs no task was given."""
+        """After each published plan: keep every busy process on the CPUs the allocator reserved
+        for it (or, when the tasks' min_cores left it none, on those no task was given)."""
         if not self.confine:
             return
         planned = {c for cores in self.rm.epochs.plan.values() for c in cores}
         leftover = tuple(c for c in self.all_cpus if c not in planned)
         for pid, other in list(self.rm.others.items()):
-            target = leftover or other.cpus
-            if len(target) == len(self.all_cpus):  # no task to keep it away from
+            target = other.cpus or leftover
+            if not target or len(target) == len(self.all_cpus):  # nowhere to keep it, or no task to keep it from
                 self._unconfine(pid)
                 continue
             hog = self.hogs.get(pid)

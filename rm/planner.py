@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 from cod.facts.model import Machine
 
-from .allocator import TaskSpec, allocate
+from .allocator import OtherDemand, TaskSpec, allocate
 
 
 @dataclass(frozen=True)
@@ -27,20 +27,29 @@ class Plan:
     solve_ms: float
     status: str = "optimal"  # optimal | feasible | fallback | infeasible (cod.rm.allocator)
     binding: dict[str, tuple[str, ...]] = field(default_factory=dict)  # what limited each task
-    unavailable: tuple[int, ...] = ()  # CPUs kept free for unregistered busy processes
+    # CPUs kept for each unregistered busy process (OtherDemand name -> CPUs), chosen by the allocator
+    reservations: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # per task that lost CPUs it held to unregistered processes: their names (its upcall's reason)
+    displaced_by: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def unavailable(self) -> tuple[int, ...]:
+        """Every CPU kept for unregistered busy processes."""
+        return tuple(sorted({c for cpus in self.reservations.values() for c in cpus}))
 
 
 def _run_allocator(
     machine: Machine, specs: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
-    unavailable: tuple[int, ...], solver: str, time_limit_s: float,
+    others: tuple[OtherDemand, ...], solver: str, time_limit_s: float,
 ) -> Plan:
     # CP-SAT by default; the allocator itself falls back to greedy when the time limit hits.
-    result = allocate(machine, list(specs), dict(current), unavailable=unavailable,
-                      solver=solver, time_limit_s=time_limit_s)
+    result = allocate(machine, list(specs), dict(current), others=others, solver=solver, time_limit_s=time_limit_s)
     if result.status == "infeasible":
-        return Plan(None, result.reason, result.solver, result.solve_ms, result.status, {}, unavailable)
+        return Plan(None, result.reason, result.solver, result.solve_ms, result.status)
     return Plan({t.name: tuple(t.cores) for t in result.tasks}, None, result.solver, result.solve_ms,
-                result.status, {t.name: tuple(t.binding) for t in result.tasks}, unavailable)
+                result.status, {t.name: tuple(t.binding) for t in result.tasks},
+                {r.name: tuple(r.cpus) for r in result.reservations},
+                {t.name: tuple(t.displaced_by) for t in result.tasks if t.displaced_by})
 
 
 class Planner:
@@ -51,11 +60,11 @@ class Planner:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cod-allocator")
 
     async def run(self, specs: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
-                  unavailable: Sequence[int] = ()) -> Plan:
-        if not specs:
-            return Plan({}, None, "none", 0.0, "optimal", {}, tuple(unavailable))
+                  others: Sequence[OtherDemand] = ()) -> Plan:
+        if not specs:  # no task to keep them from: each other stays where it runs
+            return Plan({}, None, "none", 0.0, "optimal", reservations={o.name: o.cpus for o in others})
         loop = asyncio.get_running_loop()
-        snapshot = (tuple(specs), {k: tuple(v) for k, v in current.items()}, tuple(sorted(unavailable)))
+        snapshot = (tuple(specs), {k: tuple(v) for k, v in current.items()}, tuple(others))
         return await loop.run_in_executor(self._executor, _run_allocator, self.machine, *snapshot,
                                           self.solver, self.time_limit_s)
 

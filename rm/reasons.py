@@ -3,7 +3,8 @@
 The allocator names what limited each task (cod.rm.allocator.explain:
 ``"min"``, ``"max"``, ``"machine size"``, ``"exclusive neighbour T"``,
 ``"SMT sibling of T"``, ``"SMT sibling held by T"``, ``"memory of node N"``,
-``"cache polluter T"``, ``"cache-sensitive T"``, ``"unavailable CPUs"``).
+``"cache polluter T"``, ``"cache-sensitive T"``, ``"unavailable CPUs"``,
+``"reserved for other.PID"``).
 :func:`constraints` turns each into a record a program can read (the
 ``explain_task`` method, docs/protocol.md): its kind, the other task and its
 CPUs, the node's memory and what the task needs there, the CPUs kept for
@@ -22,13 +23,15 @@ from .allocator.model import TaskSpec
 
 _OTHER_TASK = re.compile(r"(exclusive neighbour|SMT sibling of|SMT sibling held by|cache polluter|cache-sensitive) (.+)")
 _MEMORY = re.compile(r"memory of node (-?\d+)")
+_RESERVED = re.compile(r"reserved for (other\.(\d+))")
 _KIND = {"exclusive neighbour": "exclusive", "SMT sibling of": "smt_sibling", "SMT sibling held by": "smt_held",
          "cache polluter": "cache_polluter", "cache-sensitive": "cache_sensitive"}
 _SIMPLE = {"min": "min_cores", "max": "max_cores", "machine size": "machine_size", "unavailable CPUs": "unavailable"}
 
 
 def constraints(name: str, binding: Sequence[str], specs: Mapping[str, TaskSpec],
-                cores: Mapping[str, Sequence[int]], unavailable: Sequence[int], machine: Machine) -> list[dict[str, Any]]:
+                cores: Mapping[str, Sequence[int]], unavailable: Sequence[int], machine: Machine,
+                reservations: Mapping[str, Sequence[int]] | None = None) -> list[dict[str, Any]]:
     """One record per entry of task ``name``'s binding list (unknown entries keep kind "other")."""
     spec = specs[name]
     held = list(cores.get(name, ()))
@@ -53,6 +56,10 @@ def constraints(name: str, binding: Sequence[str], specs: Mapping[str, TaskSpec]
             theirs = list(cores.get(other, ()))
             rec.update(kind=_KIND[m.group(1)], task=other, cpus=theirs,
                        text=f"{m.group(1)} {other} (CPUs {_cpus(theirs)})")
+        elif m := _RESERVED.fullmatch(item):
+            kept = list((reservations or {}).get(m.group(1), ()))
+            rec.update(kind="reserved", pid=int(m.group(2)), cpus=kept,
+                       text=f"CPUs {_cpus(kept)} are kept for unregistered busy process {m.group(2)}")
         elif m := _MEMORY.fullmatch(item):
             node = int(m.group(1))
             free = _node_bytes(machine, node)

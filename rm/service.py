@@ -24,6 +24,7 @@ disagree.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import secrets
@@ -51,7 +52,7 @@ from .enforce.backend import Enforcer
 from .epochs import EpochState, Publication
 from .planner import Plan, Planner
 from .registry import Connection, Peer, Registry, Task, Usage, default_app_name
-from .reservations import OtherTask, unavailable
+from .reservations import OtherTask, other_pid, other_task_name
 
 log = logging.getLogger("cod.rm")
 
@@ -288,7 +289,8 @@ class ResourceManager:
         cores = {name: tuple(c) for name, c in self.epochs.announced.items() if name in specs}
         return {"task": task.name, "app": task.app, "cores": list(cores.get(task.name, ())), "binding": binding,
                 "constraints": reasons.constraints(task.name, binding, specs, cores,
-                                                   plan.unavailable if plan else (), self.machine),
+                                                   plan.unavailable if plan else (), self.machine,
+                                                   plan.reservations if plan else {}),
                 "plan": self.plan_summary()}
 
     def _app(self, conn: Connection) -> str:
@@ -401,7 +403,6 @@ class ResourceManager:
     def _conditions_only_soon(self) -> None:
         """The allocation changed: conditions may read it (derived properties do not follow it,
         which would feed the allocation back into itself)."""
-        loop = asyncio.get_running_loop()
 
         async def run() -> None:
             for app in sorted(self.conditions.apps()):
@@ -414,7 +415,11 @@ class ResourceManager:
                 for cond, result in zip(conds, results):
                     self._condition_result(cond, result)
 
-        job = loop.create_task(run())
+        self._spawn(run())
+
+    def _spawn(self, coro: Any) -> None:
+        """Run ``coro`` in the background (kept referenced until done)."""
+        job = asyncio.get_running_loop().create_task(coro)
         self._background.add(job)
         job.add_done_callback(self._background.discard)
 
@@ -493,8 +498,7 @@ class ResourceManager:
                 task.auto_subscription = sub.id
                 task.warning_subscription = self.registry.subscribe(conn, "task_warning", {"task": task.name}).id
                 self.epochs = new_state
-                self.last_plan = plan
-                await self._publish(pub, already_pinned={task.name: grant} if grant else None)
+                await self._publish(self._adopted(plan, pub), already_pinned={task.name: grant} if grant else None)
         if facts:
             self.facts_changed(app, "add", facts)
         self.emit("task_arrived", {"task": task.name, "pid": task.pid, "app": task.app})
@@ -560,8 +564,7 @@ class ResourceManager:
             # Adopted on the epoch state as it is now, with no await in between.
             self.epochs, pub = epochs.adopt(self.epochs, plan.cores, self._now(), self.cfg.revoke_deadline_s,
                                             reason)
-            self.last_plan = plan
-            await self._publish(pub)
+            await self._publish(self._adopted(plan, pub))
 
     def _pin_or_refuse(self, task: Task, cpus: tuple[int, ...]) -> None:
         if not cpus:
@@ -625,16 +628,39 @@ class ResourceManager:
         log.info("task %s (pid %d) left: %s", task.name, task.pid, reason)
 
     # ---- unregistered busy processes (other_task/3) ---------------------------------------
-    def unavailable(self, specs: list[TaskSpec]) -> tuple[int, ...]:
-        return unavailable(self.others, sum(s.min_cores for s in specs), self.n_cpus)
+    def _adopted(self, plan: Plan, pub: Publication) -> Publication:
+        """``plan`` is now the current one: keep its reservations for the busy processes (where the
+        monitor confines them), and give each task it displaced a reason naming the process."""
+        self.last_plan = plan
+        changed = False
+        for pid, other in list(self.others.items()):
+            cpus = plan.reservations.get(other_task_name(pid))
+            if cpus is not None and cpus != other.cpus:
+                self.others[pid] = dataclasses.replace(other, cpus=cpus)
+                changed = True
+        if changed:
+            self._spawn(self._skb_quietly(self.skb.replace_system_facts("other_task(_, _, _)", self._other_facts()),
+                                          "writing other_task facts"))
+        reasons = {}
+        for task, names in plan.displaced_by.items():
+            who = []
+            for name in names:
+                pid = other_pid(name)
+                other = self.others.get(pid) if pid is not None else None
+                who.append(f"busy process {pid} ({other.comm})" if other else name)
+            reasons[task] = f"{' and '.join(who)} took CPUs of task {task} (no free or less costly CPU was left)"
+        return dataclasses.replace(pub, task_reasons=reasons) if reasons else pub
+
+    def _other_facts(self) -> list[str]:
+        return [f"other_task({o.pid}, {atom(o.comm)}, {term(list(o.cpus))})" for _, o in sorted(self.others.items())]
 
     async def set_others(self, others: dict[int, OtherTask], why: str) -> int:
         """Record the unregistered busy processes in the SKB, tell subscribers, recompute."""
         added = sorted(set(others) - set(self.others))
         self.others = dict(others)
-        facts = [f"other_task({o.pid}, {atom(o.comm)}, {term(list(o.cpus))})" for _, o in sorted(others.items())]
         gen = self.schedule(why)
-        await self._skb_quietly(self.skb.replace_system_facts("other_task(_, _, _)", facts), "writing other_task facts")
+        await self._skb_quietly(self.skb.replace_system_facts("other_task(_, _, _)", self._other_facts()),
+                                "writing other_task facts")
         self.changed(None)
         self.emit("facts_changed", {"scope": "system", "app": None, "op": "add" if added else "remove",
                                     "predicates": ["other_task"]})
@@ -646,7 +672,7 @@ class ResourceManager:
 
     async def _plan(self, specs: list[TaskSpec]) -> Plan:
         current = self.epochs.holdings()
-        return await self.planner.run(specs, current, self.unavailable(specs))
+        return await self.planner.run(specs, current, [o.demand() for _, o in sorted(self.others.items())])
 
     def schedule(self, reason: str) -> int:
         """Ask for a recomputation soon; returns the generation to wait for with `wait_for`."""
@@ -675,10 +701,9 @@ class ResourceManager:
                     log.warning("allocation infeasible, keeping the current one: %s", plan.reason)
                 elif plan is not None:
                     # Tasks that left while the allocator ran are not in the epoch state any more.
-                    self.last_plan = plan
                     self.epochs, pub = epochs.adopt(self.epochs, plan.cores, self._now(),
                                                     self.cfg.revoke_deadline_s, reason)
-                    await self._publish(pub)
+                    await self._publish(self._adopted(plan, pub))
                 await self._mark_done(target)
 
     async def _mark_done(self, gen: int) -> None:
@@ -749,7 +774,8 @@ class ResourceManager:
                 if task is None:
                     continue
                 payload = self.allocation_of(task)
-                payload.update(added=list(change.added), removed=list(change.removed), reason=pub.reason)
+                payload.update(added=list(change.added), removed=list(change.removed),
+                               reason=pub.task_reasons.get(change.task, pub.reason))
                 if change.deadline_s is not None:
                     payload["deadline_s"] = change.deadline_s
                 self.emit("allocation_changed", payload)

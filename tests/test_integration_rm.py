@@ -114,6 +114,8 @@ def test_every_thread_of_a_task_follows_it_from_core_to_core(tmp_path, spawn, mo
                         "the RM can keep free")
         moved = wait_upcall(c, lambda p: p.get("task") == "db" and p["cores"] and p["cores"] != first)
         ack_all(c, moved)
+        # Not confined, the hog can only be kept where it runs: db moves, and its upcall says why (issue 18).
+        assert f"busy process {hog.pid} (spinner) took CPUs of task db" in moved["reason"], moved["reason"]
         target = moved["cores"]
         assert target != first and len(target) == 1
         wait_until(lambda: masks(db) == {cpus_text(target)}, 5, f"every thread on CPU {target}")

@@ -203,3 +203,24 @@ def test_hello_lists_the_new_methods(daemon):
         assert {"cancel", "list_procedures", "list_predicates", "explain_task",
                 "get_topology"} <= set(c.server_info["methods"])
 
+
+
+# ---- the evidence, as a pure function (cod.rm.reasons) ------------------------------------------
+def test_constraints_records_per_binding_entry():
+    from cod.facts import machines
+    from cod.rm.allocator.model import TaskSpec
+    from cod.rm.reasons import constraints
+
+    m = machines.load("magnycours")  # 6 CPUs and 16 GiB per node
+    gib = 1 << 30
+    specs = {"a": TaskSpec("a", 2, 4, working_set_bytes=6 * gib), "b": TaskSpec("b", 1, 1)}
+    cores = {"a": (6, 7), "b": (0,)}
+    got = constraints("a", ["min", "exclusive neighbour b", "memory of node 1", "reserved for other.77",
+                            "unavailable CPUs", "something new"],
+                      specs, cores, (47,), m, {"other.77": (47,)})
+    assert [g["kind"] for g in got] == ["min_cores", "exclusive", "memory", "reserved", "unavailable", "other"]
+    assert got[1]["task"] == "b" and got[1]["cpus"] == [0]
+    assert got[2]["needed_bytes"] == 12 * gib and got[2]["free_bytes"] == 16 * gib
+    assert got[3] == {"binding": "reserved for other.77", "kind": "reserved", "pid": 77, "cpus": [47],
+                      "text": "CPUs 47 are kept for unregistered busy process 77"}
+    assert got[4]["cpus"] == [47] and got[5]["text"] == "something new"

@@ -228,7 +228,8 @@ LISTING = {
          "properties": {"min_cores": 4, "max_cores": 8, "sensitive": ["numa"]}, "binding": ["max"]},
         {"task": "olap1", "pid": 11, "app": "olap", "cores": [12, 13, 18, 19], "releasing": [],
          "properties": {"min_cores": 2, "working_set_bytes": 8 << 30},
-         "binding": ["exclusive neighbour scan", "memory of node 2", "memory of node 3", "unavailable CPUs"]},
+         "binding": ["exclusive neighbour scan", "memory of node 2", "memory of node 3", "unavailable CPUs",
+                     "reserved for other.99"]},
     ],
     "other_tasks": [{"pid": 99, "comm": "burn", "cpu": 1.0, "cpus": [47]}],
 }
@@ -269,6 +270,8 @@ def test_explanation_sentences_name_the_evidence() -> None:
     assert "Task scan holds CPUs 0-3,6-7,10-11" in text
     assert "NUMA nodes 2 and 3 have no room for another 8 GiB working set" in text
     assert "CPUs 47 are kept free for busy processes no task registered: pid 99 (burn)" in text
+    assert ("Unregistered busy process 99 (burn) is kept on CPUs 47: moving it there cost less than moving "
+            "a registered task, so olap1 cannot have them.") in text
     assert "node 2, L3 12-17: 12-13 (2 of 6); working sets 2 x 8 GiB = 16 GiB of 16 GiB" in text
     scan = "\n".join(explanation_lines(explain_task("scan", LISTING, MAGNY)))
     assert "It holds its max_cores (8)" in scan and "giving back CPUs 4" in scan

@@ -4,7 +4,7 @@ The allocator names what limited each task in its ``binding`` list
 (cod.rm.allocator.explain: ``"min"``, ``"max"``, ``"machine size"``,
 ``"exclusive neighbour T"``, ``"SMT sibling of T"``, ``"SMT sibling held by T"``,
 ``"memory of node N"``, ``"cache polluter T"``, ``"cache-sensitive T"``,
-``"unavailable CPUs"``).  This module turns each into a sentence with its
+``"unavailable CPUs"``, ``"reserved for other.PID"``).  This module turns each into a sentence with its
 evidence (the neighbour's CPUs, the node's memory, the busy processes), and
 adds what the task asked for and where its CPUs lie.  Pure: the data in, the
 explanation out.
@@ -80,6 +80,13 @@ def explain_binding(item: str, task: dict[str, Any], tasks: dict[str, dict[str, 
                     f"and does not share an L3 domain with it.")
         return (f"Task {other} is cache-sensitive and holds CPUs {theirs}; {task['task']} pollutes the cache "
                 f"and keeps out of its L3 domains.")
+    m = re.fullmatch(r"reserved for other\.(\d+)", item)
+    if m:
+        pid = int(m.group(1))
+        other = next((o for o in others if o.get("pid") == pid), {})
+        return (f"Unregistered busy process {pid}" + (f" ({other['comm']})" if other.get("comm") else "")
+                + f" is kept on CPUs {cpus_text(other.get('cpus'))}: moving it there cost less than moving "
+                  f"a registered task, so {task['task']} cannot have them.")
     m = re.fullmatch(r"memory of node (-?\d+)", item)
     if m:
         return memory_text([int(m.group(1))], task, tasks, machine)
