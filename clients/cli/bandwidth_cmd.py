@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def store(results: list[dict[str, Any]], socket: str | None) -> str:
     """Replace the nodes' numa_bandwidth facts in a running RM; a line saying what happened."""
-    from cod.client import Client, CODError, NotConnected, PermissionDenied
+    from cod.client import Client, CodError, NotConnected, PermissionDenied
 
     try:
         with Client(socket, reconnect=False, call_timeout_s=10.0) as client:
@@ -53,7 +53,7 @@ def store(results: list[dict[str, Any]], socket: str | None) -> str:
         return f"not stored: {err}"
     except PermissionDenied as err:
         return f"not stored: {err}"
-    except CODError as err:
+    except CodError as err:
         return f"not stored: the RM refused: {err}"
 
 

@@ -100,7 +100,7 @@ def parse_node_bandwidth(text: str, machine: Machine) -> dict[int, int]:
 
 def bandwidth_from_rm(socket: str | None, machine: Machine) -> dict[int, int]:
     """numa_bandwidth/2 facts of a running RM about this same machine; {} when none answers."""
-    from cod.client import CODError, Client
+    from cod.client import CodError, Client
 
     try:
         with Client(socket, reconnect=False, call_timeout_s=2.0) as client:
@@ -108,7 +108,7 @@ def bandwidth_from_rm(socket: str | None, machine: Machine) -> dict[int, int]:
             if [r.get("M") for r in names] != [machine.name]:
                 return {}  # a daemon planning for another machine
             rows = client.execute_query("numa_bandwidth(N, B)", timeout_s=1.0)
-    except (CODError, OSError):
+    except (CodError, OSError):
         return {}
     return {r["N"]: r["B"] for r in rows if isinstance(r.get("N"), int) and isinstance(r.get("B"), int)}
 
