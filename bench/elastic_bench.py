@@ -10,11 +10,16 @@
   parallel workers over a generated lineitem-shaped table (pgbench -f);
 * duckdb: the Python package in a child process, a Q6-like mix over data it generates.
 
-Every workload runs with all CPUs (no runner) and under the standalone elastic runner
-in each mode (dense, sparse, adaptive; default settings: th 10/70 %, 0.5 s periods).
-Each run writes a CSV of the periods (cores, load, transitions), a CSV of throughput
-per second, and a PNG; the JSON has throughput, latency, CPU time, core-seconds held
-and the ratios to all-CPUs, with the load average before and after.
+Every workload runs with all CPUs (no elastic group) and as an elastic group of a running
+``cod rm`` daemon (registered with ``register_unmanaged``, what ``cod elastic`` does, and
+removed with ``deregister_unmanaged`` after the run) in each mode (dense, sparse, adaptive;
+default settings: th 10/70 %, 0.5 s periods).  The daemon runs for the whole bench with
+its default enforcement (cpuset cgroups as root) and without busy detection (the load
+generators, pgbench and this script, would otherwise be kept CPUs of their own).
+Each run writes a CSV of the periods (cores, load, transitions, the daemon's time per
+period), a CSV of throughput per second, and a PNG; the JSON has throughput, latency,
+CPU time, core-seconds held, the daemon's own CPU time, and the ratios to all-CPUs,
+with the load average before and after.
 """
 
 from __future__ import annotations
@@ -38,9 +43,8 @@ from cod.rm.elastic.group import CgroupGroup, PidTreeGroup
 from cod.rm.elastic.measure import GroupMeter
 from cod.rm.elastic.modes import Layout
 from cod.rm.elastic.petrinet import Bounds, Thresholds, evaluate, initial_marking
-from cod.rm.elastic.runner import ElasticRunner, Record, open_events
+from cod.rm.elastic.runner import open_events
 from cod.rm.elastic.settings import ElasticSettings
-from cod.rm.enforce import AffinityEnforcer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
@@ -185,46 +189,85 @@ class Run:
     summary: dict = field(default_factory=dict)
 
 
-class Watch:
-    """Runs the elastic runner (config = a mode) or only measures (config = all) in a thread."""
+class RM:
+    """One ``cod rm`` daemon for the whole bench, and its CPU time (its SKB engine's apart)."""
 
-    def __init__(self, group, config: str, state_dir: str, period: float) -> None:
+    def __init__(self, out_dir: str) -> None:
+        self.dir = tempfile.mkdtemp(prefix="cod-elastic-rm-")
+        self.sock = os.path.join(self.dir, "rm.sock")
+        self.log = open(os.path.join(out_dir, "rm.log"), "wb")
+        cmd = [sys.executable, "-m", "cod.cli.main", "rm", "--socket", self.sock,
+               "--state-dir", os.path.join(self.dir, "state"), "--cgroup-parent", f"cod_elastic_bench_{os.getpid()}",
+               "--no-busy-detect", "--log-level", "info"]
+        self.proc = subprocess.Popen(cmd, stderr=self.log)
+        for _ in range(400):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the daemon exited: see {self.log.name}")
+            if os.path.exists(self.sock):
+                break
+            time.sleep(0.05)
+        from cod.client import Client
+
+        self.client = Client(self.sock, app="elastic-bench", reconnect=False)
+        self.info = self.client.server_info
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        import shutil
+        import signal
+
+        self.client.close()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(30)
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class Watch:
+    """Registers the group with the daemon (config = a mode) or only measures it (config = all)."""
+
+    def __init__(self, group, source: dict, config: str, rm: RM, period: float) -> None:
         self.config = config
         self.group = group
+        self.source = source
+        self.rm = rm
+        self.name = f"bench-{config}"
         self.stop_event = threading.Event()
-        self.records: list[Record] = []
         self.t0 = time.monotonic()
-        self.enforcer = None
-        self.runner = None
+        self.t0_wall = time.time()
+        self.managed = config != "all"
         self.meter = GroupMeter(group)  # the measure-only loop's
         self.whole = GroupMeter(group)  # CPU time of the group over the whole run
         self.period = period
         self._rows: list[dict] = []
         self.cpu_s = 0.0
-        if config != "all":
-            self.enforcer = AffinityEnforcer(state_dir)
-            self.runner = ElasticRunner(f"bench-{config}", group, from_args(), self.enforcer,
-                                        config_settings(config, period), allowed_cpus=CPUS,
-                                        events=open_events(group))
-        self.events = open_events(group) if self.runner is None else None
+        self.rm_cpu_s = 0.0
+        self.events = open_events(group)
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
     def start(self) -> None:
         self.start_n = len(CPUS)
-        if self.runner is not None:
-            self.start_n = len(self.runner.start().after)
-            self.runner._t0 = self.t0
+        self.rm_cpu0 = self.rm.cpu_seconds()
+        if self.managed:
+            settings = config_settings(self.config, self.period)
+            reply = self.rm.client.register_unmanaged(**self.source, name=self.name, mode=settings.mode,
+                                                      metric=settings.metric, period_s=settings.period_s)
+            self.start_n = len(reply["cores"])
+            self.note = reply["notes"]
         self.meter.sample()
         self.whole.sample()
         self.thread.start()
 
     def _loop(self) -> None:
-        if self.runner is not None:
-            self.runner.run(stop=self.stop_event)
-            return
         while not self.stop_event.wait(self.period):
             if self.events is not None:
                 self.group.on_events(self.events.read_events())
+            if self.managed:
+                continue  # the daemon measures and records the periods
             s = self.meter.sample()
             self._rows.append({"t": round(time.monotonic() - self.t0, 3), "cores": len(CPUS),
                                "load": round(100 * s.cpu_s / max(1e-9, s.interval_s * len(CPUS)), 1),
@@ -233,22 +276,24 @@ class Watch:
     def stop(self) -> list[dict]:
         self.stop_event.set()
         self.thread.join()
+        if self.events is not None:
+            self.group.on_events(self.events.read_events())
         self.cpu_s = self.whole.sample().cpu_s
         if self.events is not None:
             self.events.close()
-        if self.runner is not None:
-            first = {"t": 0.0, "cores": self.start_n, "load": 0.0,
-                     "action": "start", "fired": ""}
-            rows = [first] + [{"t": round(r.t, 3), "cores": r.n_after, "load": round(r.load, 1), "action": r.action,
-                     "fired": " ".join(r.fired), "step_us": round(r.step_s * 1e6, 1),
-                     "step_cpu_us": round(r.step_cpu_s * 1e6, 1)} for r in self.runner.history]
-            self.runner.close()
-            self.enforcer.close()
-            return rows
-        return self._rows
+        if not self.managed:
+            self.rm_cpu_s = self.rm.cpu_seconds() - self.rm_cpu0
+            return self._rows
+        out = self.rm.client.deregister_unmanaged(name=self.name)
+        self.rm_cpu_s = self.rm.cpu_seconds() - self.rm_cpu0
+        first = {"t": 0.0, "cores": self.start_n, "load": 0.0, "action": "start", "fired": ""}
+        return [first] + [{"t": round(p["at"] - self.t0_wall, 3), "cores": p["n_after"], "load": round(p["load"], 1),
+                           "action": p["action"], "fired": " ".join(p["fired"]),
+                           "step_us": round(p["step_s"] * 1e6, 1), "step_cpu_us": round(p["step_cpu_s"] * 1e6, 1)}
+                          for p in out["periods"]]
 
 
-def summarize(run: Run, wall: float, cpu_s: float, extra: dict) -> None:
+def summarize(run: Run, wall: float, cpu_s: float, rm_cpu_s: float, extra: dict) -> None:
     held = [p for p in run.periods if "cores" in p]
     core_s = 0.0
     last_t, last_n = 0.0, (held[0]["cores"] if held else len(CPUS))
@@ -265,9 +310,11 @@ def summarize(run: Run, wall: float, cpu_s: float, extra: dict) -> None:
         "mean_cores": round(core_s / wall, 2) if run.config != "all" else len(CPUS),
         "allocations": sum(1 for p in held if p["action"] == "allocate"),
         "releases": sum(1 for p in held if p["action"] == "release"),
-        "runner_step_us": stats(steps) if steps else None,
-        "runner_step_cpu_us": stats(cpu_steps) if cpu_steps else None,
-        "runner_cpu_share_of_a_core": round(sum(cpu_steps) / 1e6 / wall, 5) if cpu_steps else None,
+        "rm_step_us": stats(steps) if steps else None,
+        "rm_step_cpu_us": stats(cpu_steps) if cpu_steps else None,
+        "rm_step_cpu_share_of_a_core": round(sum(cpu_steps) / 1e6 / wall, 5) if cpu_steps else None,
+        # The whole daemon (event loop, allocator runs, SKB writes, pinning) over the run.
+        "rm_cpu_share_of_a_core": round(rm_cpu_s / wall, 5),
     }
 
 
@@ -286,11 +333,11 @@ def pgbench_run(pg: Postgres, args: list[str], duration: int) -> tuple[dict, lis
             "latency_ms_stddev": float(std.group(1)) if std else None}, series
 
 
-def run_one(engine: str, workload: str, config: str, rnd: int, group, body, state_dir: str, lead: float,
+def run_one(engine: str, workload: str, config: str, rnd: int, group, source: dict, body, rm: RM, lead: float,
             tail: float, period: float) -> Run:
-    """Watch the group (or run the elastic runner on it), run the workload body, then tail."""
+    """Watch the group (or register it with the daemon), run the workload body, then tail."""
     run = Run(engine, workload, config, rnd)
-    watch = Watch(group, config, state_dir, period)
+    watch = Watch(group, source, config, rm, period)
     watch.start()
     time.sleep(lead)
     t_work = time.monotonic() - watch.t0
@@ -300,13 +347,14 @@ def run_one(engine: str, workload: str, config: str, rnd: int, group, body, stat
     time.sleep(tail)
     run.periods = watch.stop()
     run.throughput = [(round(t + t_work, 3), v, lat) for t, v, lat in series]
-    summarize(run, lead + work_wall + tail, watch.cpu_s, {**extra, "workload_seconds": round(work_wall, 1)})
+    summarize(run, lead + work_wall + tail, watch.cpu_s, watch.rm_cpu_s,
+              {**extra, "workload_seconds": round(work_wall, 1)})
     return run
 
 
 # ---- engines --------------------------------------------------------------------------------------
 
-def bench_postgres(args, out_dir: str) -> tuple[dict, list[Run]]:
+def bench_postgres(args, out_dir: str, rm: RM) -> tuple[dict, list[Run]]:
     runs: list[Run] = []
     info: dict = {}
     cg_cm = temp_cgroup("bench-pg", skip=False) if os.geteuid() == 0 and cgroup_root() else None
@@ -337,10 +385,9 @@ def bench_postgres(args, out_dir: str) -> tuple[dict, list[Run]]:
         for name, wargs in workloads.items():
             for rnd, config in schedule(args.rounds):
                 group = CgroupGroup(path) if path else PidTreeGroup([pg.pid])
-                with tempfile.TemporaryDirectory() as state:
-                    run = run_one("postgres", name, config, rnd, group,
-                                  lambda: pgbench_run(pg, wargs, args.duration), state,
-                                  args.lead, args.tail, args.period)
+                source = {"cgroup": path} if path else {"pid": pg.pid}
+                run = run_one("postgres", name, config, rnd, group, source,
+                              lambda: pgbench_run(pg, wargs, args.duration), rm, args.lead, args.tail, args.period)
                 runs.append(run)
                 print(f"postgres {name} {config} round {rnd}: {run.summary['throughput_per_s']:.1f}/s "
                       f"mean cores {run.summary['mean_cores']} load {loadavg()[0]}", file=sys.stderr)
@@ -351,7 +398,7 @@ def bench_postgres(args, out_dir: str) -> tuple[dict, list[Run]]:
     return info, runs
 
 
-def bench_duckdb(args, out_dir: str) -> tuple[dict, list[Run]]:
+def bench_duckdb(args, out_dir: str, rm: RM) -> tuple[dict, list[Run]]:
     try:
         import duckdb  # noqa: F401
     except ImportError:
@@ -391,9 +438,8 @@ def bench_duckdb(args, out_dir: str) -> tuple[dict, list[Run]]:
                          "latency_ms": {k: stats(v) for k, v in lat.items()}}, series)
 
             group = PidTreeGroup([worker.pid])
-            with tempfile.TemporaryDirectory() as state:
-                run = run_one("duckdb", "q6_mix", config, rnd, group, body, state, args.lead, args.tail,
-                              args.period)
+            run = run_one("duckdb", "q6_mix", config, rnd, group, {"pid": worker.pid}, body, rm, args.lead,
+                          args.tail, args.period)
             runs.append(run)
             worker.stdin.write("exit\n")
             worker.stdin.flush()
@@ -487,8 +533,24 @@ def medians(runs: list[Run]) -> dict:
     for r in runs:
         groups.setdefault(f"{r.engine}/{r.workload}", {}).setdefault(r.config, []).append(r.summary)
     return {w: {c: {k: statistics.median([s[k] for s in ss]) for k in
-                    ("throughput_per_s", "latency_ms_avg", "cpu_seconds", "mean_cores", "allocations", "releases")}
+                    ("throughput_per_s", "latency_ms_avg", "cpu_seconds", "mean_cores", "allocations", "releases",
+                     "rm_cpu_share_of_a_core")}
                 for c, ss in cs.items()} for w, cs in groups.items()}
+
+
+def rm_cost(runs: list[Run]) -> dict:
+    """The daemon's cost of managing a group: one period's work (measure, decide, enforce) and the
+    whole daemon's CPU share during elastic runs, beside its share during all-CPU runs (no group)."""
+    managed = [r for r in runs if r.config != "all"]
+    steps = [float(p["step_cpu_us"]) for r in managed for p in r.periods if "step_cpu_us" in p]
+    walls = [float(p["step_us"]) for r in managed for p in r.periods if "step_us" in p]
+    share = [r.summary["rm_cpu_share_of_a_core"] for r in managed]
+    base = [r.summary["rm_cpu_share_of_a_core"] for r in runs if r.config == "all"]
+    return {"period_cpu_us": stats(steps), "period_wall_us": stats(walls),
+            "period_cpu_max_us": round(max(steps), 1) if steps else None,
+            "target_1ms_met_at_p95": bool(steps) and stats(steps)["p95"] <= 1000,
+            "rm_cpu_share_elastic_median": statistics.median(share) if share else None,
+            "rm_cpu_share_all_cpus_median": statistics.median(base) if base else None}
 
 
 def main() -> None:
@@ -520,15 +582,21 @@ def main() -> None:
     result["net"] = bench_net(args.net_repeat)
     runs: list[Run] = []
     engines = args.engines.split(",")
-    if "postgres" in engines:
-        result["postgres"], pg_runs = bench_postgres(args, out_dir)
-        runs += pg_runs
-    if "duckdb" in engines:
-        result["duckdb"], dd_runs = bench_duckdb(args, out_dir)
-        runs += dd_runs
+    rm = RM(out_dir)
+    result["rm"] = {"enforce_mode": rm.info.get("enforce_mode"), "busy_detect": False, "log": rm.log.name}
+    try:
+        if "postgres" in engines:
+            result["postgres"], pg_runs = bench_postgres(args, out_dir, rm)
+            runs += pg_runs
+        if "duckdb" in engines:
+            result["duckdb"], dd_runs = bench_duckdb(args, out_dir, rm)
+            runs += dd_runs
+    finally:
+        rm.close()
     result["runs"] = [{"engine": r.engine, "workload": r.workload, "config": r.config, **r.summary,
                        "files": write_run(r, out_dir)} for r in runs]
     result["medians"] = medians(runs)
+    result["rm_cost"] = rm_cost(runs)
     result["vs_all_cpus"] = compare(runs)
     result["loadavg_after"] = loadavg()
     result["wall_seconds"] = round(time.monotonic() - began, 1)

@@ -1,15 +1,20 @@
 """CPU cost of the RM's enforcement machinery while idle; prints JSON.
 
     python bench/idle_bench.py [--seconds 60] [--tasks 10] [--busy-interval 0.1] [--refresh 1.0]
-                               [--only mechanisms|daemon]
+                               [--elastic 1] [--only mechanisms|daemon|elastic]
 
-Two measurements, side by side in one run:
+Three measurements, side by side in one run:
 
 * ``daemon``: the real ``cod rm`` (enforcement as the defaults choose: cpuset
   as root), with ``--tasks`` registered sleeping tasks (2 threads each), left
   idle for ``--seconds``.  Its CPU time and that of its SKB engine (swipl, a
   child process) are read from /proc/PID/stat before and after.  The issue's
   target is the daemon's share: under 1 % of one core.
+* ``daemon_elastic``: the same daemon with the same tasks plus ``--elastic`` elastic
+  groups (issue 16), each a sleeping process registered with ``register_unmanaged``
+  at the default period (0.5 s): the extra cost of a group is the difference, and
+  the issue's target is the daemon's share with one group, under 1 % of one core.
+  The groups' own per-period times (median and max, from the daemon) are reported.
 * ``mechanisms``: the same machinery without the daemon (below).
 
 Runs what the RM runs when nothing happens, on one asyncio loop: the process
@@ -28,6 +33,7 @@ import asyncio
 import json
 import os
 import resource
+import statistics
 import sys
 import tempfile
 import time
@@ -124,8 +130,8 @@ def children_of(pid: int) -> list[int]:
     return out
 
 
-def daemon_idle(args, spinners) -> dict:
-    """The real daemon, idle with registered tasks: its CPU share and its SKB engine's."""
+def daemon_idle(args, spinners, groups=()) -> dict:
+    """The real daemon, idle with registered tasks (and elastic groups): its CPU share and its SKB engine's."""
     import signal
     import socket
     import subprocess
@@ -170,6 +176,8 @@ def daemon_idle(args, spinners) -> dict:
                 call("register_task", {"name": f"t{i}", "pid": s.pid, "properties": {"min_cores": 1,
                                                                                     "max_cores": 1,
                                                                                     "exclusive": False}})
+            for i, s in enumerate(groups):
+                call("register_unmanaged", {"name": f"g{i}", "pid": s.pid})
             time.sleep(2 * args.refresh)  # first refreshes and numa_maps reads done
             engines = children_of(daemon.pid)
             d0, e0, w0 = proc_cpu_seconds(daemon.pid), sum(proc_cpu_seconds(p) for p in engines), time.monotonic()
@@ -182,10 +190,17 @@ def daemon_idle(args, spinners) -> dict:
             daemon.wait(20)
             log.close()
     wall = w1 - w0
+    elastic = [{k: g[k] for k in ("group", "cores", "periods_run", "step_ms_median", "step_ms_max",
+                                "step_cpu_ms_median", "step_cpu_ms_max", "facts_writes", "mode")}
+               for g in tasks.get("elastic_groups", [])]
+    for g, full in zip(elastic, tasks.get("elastic_groups", [])):  # its periods' cost, share of one core
+        if g["step_cpu_ms_median"] is not None:
+            g["steps_percent_of_one_core"] = round(g["step_cpu_ms_median"] / 1e3 / full["settings"]["period_s"] * 100, 3)
     return {
         "seconds": round(wall, 1),
         "enforce": info.get("enforce_mode"),
         "registered_tasks": len(tasks["tasks"]),
+        "elastic_groups": elastic,
         "other_tasks_seen": len(tasks.get("other_tasks", [])),
         "daemon_cpu_percent_of_one_core": round((d1 - d0) / wall * 100, 3),
         "skb_engine_cpu_percent_of_one_core": round((e1 - e0) / wall * 100, 3),
@@ -200,16 +215,41 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=10)
     ap.add_argument("--busy-interval", type=float, default=0.1)
     ap.add_argument("--refresh", type=float, default=1.0)
-    ap.add_argument("--only", choices=["mechanisms", "daemon"], default=None)
+    ap.add_argument("--elastic", type=int, default=1, help="elastic groups in the daemon_elastic part")
+    ap.add_argument("--rounds", type=int, default=2, help="daemon runs without and with groups, interleaved")
+    ap.add_argument("--only", choices=["mechanisms", "daemon", "elastic"], default=None)
     args = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
-    result: dict = {}
+    result: dict = {"machine_load_before": [round(x, 2) for x in os.getloadavg()]}
     with tempfile.TemporaryDirectory() as d:
         cmd = spinner_command(d)
         spinners = [start_spinner(cmd, 2, "sleep") for _ in range(args.tasks)]
+        grouped = [start_spinner(cmd, 4, "sleep") for _ in range(args.elastic)]
+        spinners_all = spinners + grouped
         try:
-            if args.only in (None, "daemon"):
-                result["daemon"] = daemon_idle(args, spinners)
+            # Without and with elastic groups, interleaved (A B B A ...): the busy detector's full
+            # scans follow other people's load on a shared machine, so single runs are noisy.
+            kinds = {None: ["daemon", "daemon_elastic"], "daemon": ["daemon"], "elastic": ["daemon_elastic"],
+                     "mechanisms": []}[args.only]
+            order = []
+            for r in range(args.rounds):
+                order += kinds if r % 2 == 0 else list(reversed(kinds))
+            runs: dict[str, list[dict]] = {k: [] for k in kinds}
+            for kind in order:
+                runs[kind].append(daemon_idle(args, spinners, grouped if kind == "daemon_elastic" else ()))
+            for kind, got in runs.items():
+                if got:
+                    result[kind] = got[0] if len(got) == 1 else {
+                        "rounds": got,
+                        "daemon_cpu_percent_of_one_core_median": statistics.median(
+                            g["daemon_cpu_percent_of_one_core"] for g in got)}
+            if len(kinds) == 2:
+                def share(kind):
+                    return [g["daemon_cpu_percent_of_one_core"] for g in runs[kind]]
+                result["elastic_extra_percent_of_one_core_per_round"] = [
+                    round(b - a, 3) for a, b in zip(share("daemon"), share("daemon_elastic"))]
+                result["elastic_extra_percent_of_one_core_median"] = statistics.median(
+                    result["elastic_extra_percent_of_one_core_per_round"])
             if args.only in (None, "mechanisms"):
                 enforcer = AffinityEnforcer(os.path.join(d, "state"))
                 try:
@@ -221,7 +261,7 @@ def main() -> None:
                 finally:
                     enforcer.close()
         finally:
-            for s in spinners:
+            for s in spinners_all:
                 s.stop()
     result["machine_load_1min"] = round(os.getloadavg()[0], 2)
     print(json.dumps(result, indent=2))

@@ -131,6 +131,10 @@ class Daemon:
             skb = self._skb
             self.monitor = Monitor(rm, self.cfg, enforcer, root=root, skb_pid=lambda: skb.pid)
             self.monitor.start()
+            # Elastic groups need the process events and the pinning of an enforcing daemon.
+            from .unmanaged import UnmanagedGroups
+
+            rm.unmanaged = UnmanagedGroups(rm, enforcer)
 
         async def handle(conn: Connection, req: Request) -> Any:
             return await dispatch(rm, conn, req)
@@ -180,6 +184,8 @@ class Daemon:
         reason = getattr(self, "_stop_reason", "stopping")
         if self.monitor is not None:
             self.monitor.close()
+        if self.rm is not None and self.rm.unmanaged is not None:
+            self.rm.unmanaged.close()
         if self.rm is not None:
             await self.rm.close()
         self._close_enforcer()

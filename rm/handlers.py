@@ -10,6 +10,7 @@ through a method of :class:`cod.rm.service.ResourceManager`.  The table
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Awaitable, Callable
 
 from cod.protocol import jsonrpc as rpc
@@ -36,6 +37,7 @@ from .registry import Connection, Task
 from .reservations import other_pid
 from .service import ResourceManager
 from .taskprops import split_properties
+from .unmanaged import SETTING_KEYS
 
 SERVER_NAME = "cod-rm/0.2"
 MAX_QUERY_SOLUTIONS = 10_000
@@ -78,6 +80,9 @@ def _task_for(rm: ResourceManager, conn: Connection, p: Params, *, required: boo
         )
     task = rm.registry.tasks.get(name)
     if task is None:
+        if name in rm.demands:
+            raise RpcError(INVALID_PARAMS, f"{p.method}: {name!r} is an elastic group, not a task "
+                                           "(list_tasks shows it under elastic_groups; deregister_unmanaged removes it)")
         raise RpcError(NOT_FOUND, f"no task named {name!r}")
     if task.owner_uid != conn.peer.uid and not conn.privileged:
         raise RpcError(PERMISSION_DENIED, f"task {name!r} belongs to uid {task.owner_uid}")
@@ -217,6 +222,9 @@ async def register_task(rm: ResourceManager, conn: Connection, p: Params) -> Any
     owner = _proc_owner(pid)
     if owner != conn.peer.uid and not conn.privileged:
         raise RpcError(PERMISSION_DENIED, f"process {pid} belongs to uid {owner}, not to you (uid {conn.peer.uid})")
+    clash = rm.unmanaged.member_clash(pid) if rm.unmanaged is not None else None
+    if clash is not None:  # two pinnings of one process would fight (deregister_unmanaged first)
+        raise RpcError(ALREADY_EXISTS, f"register_task: {clash}")
     task = await rm.register_task(conn, name, pid, plain, derived, facts, procedures, persistent)
     return {"task": name, "pid": pid, "app": task.app, "subscription": task.auto_subscription,
             "properties": task.spec.to_dict(), "derived": {k: d.to_dict() for k, d in task.derived.items()},
@@ -302,7 +310,85 @@ async def list_tasks(rm: ResourceManager, conn: Connection, p: Params) -> Any:
                             "problem": t.deployment.problem}} if t.deployment is not None else {})}
         for _, t in sorted(rm.registry.tasks.items())],
         "other_tasks": [{"pid": o.pid, "comm": o.comm, "cpu": round(o.cpu, 3), "cpus": list(o.cpus)}
-                        for _, o in sorted(rm.others.items())]}
+                        for _, o in sorted(rm.others.items())],
+        "elastic_groups": rm.unmanaged.listing() if rm.unmanaged is not None else []}
+
+
+# ---- elastic groups (processes that do not speak COD; rm/unmanaged.py) ---------------------------
+def _unmanaged(rm: ResourceManager, method: str) -> Any:
+    if rm.unmanaged is None:
+        raise RpcError(INVALID_PARAMS, f"{method}: this daemon does not enforce allocations (planning only), "
+                                       "so it cannot give elastic groups their cores")
+    return rm.unmanaged
+
+
+def _group_source(p: Params) -> tuple[list[int] | None, str | None]:
+    """The pids or the cgroup a request names (exactly one of pid, pids, cgroup)."""
+    pid = p.int("pid", None)
+    pids = p._get("pids", (list,), None, "a list of process ids")
+    cgroup = p.str("cgroup", None)
+    if sum(x is not None for x in (pid, pids, cgroup)) != 1:
+        raise RpcError(INVALID_PARAMS, f"{p.method}: give exactly one of 'pid', 'pids' or 'cgroup'")
+    if pids is not None:
+        if not pids or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in pids):
+            raise RpcError(INVALID_PARAMS, f"{p.method}: 'pids' must be a non-empty list of process ids")
+    elif pid is not None:
+        if pid <= 0:
+            raise RpcError(INVALID_PARAMS, f"{p.method}: {pid} is not a process id")
+        pids = [pid]
+    if cgroup is not None and not cgroup.startswith("/"):
+        raise RpcError(INVALID_PARAMS, f"{p.method}: 'cgroup' must be an absolute path, not {cgroup!r}")
+    return pids, cgroup
+
+
+def _cgroup_owner(path: str) -> int:
+    try:
+        return os.stat(path).st_uid
+    except OSError as err:
+        raise RpcError(INVALID_PARAMS, f"register_unmanaged: cgroup {path}: {err.strerror}") from None
+
+
+async def register_unmanaged(rm: ResourceManager, conn: Connection, p: Params) -> Any:
+    groups = _unmanaged(rm, "register_unmanaged")
+    name = p.str("name", None)
+    if name is not None:
+        _name("register_unmanaged", "group name", name)
+    pids, cgroup = _group_source(p)
+    typed = {"mode": p.str, "metric": p.str, "min_cores": p.int, "max_cores": p.int, "th_min": p.number,
+             "th_max": p.number, "period_s": p.number}
+    assert set(typed) == set(SETTING_KEYS)
+    raw = {k: v for k, get in typed.items() if (v := get(k, None)) is not None}
+    p.done()
+    settings = groups.settings_from(raw)
+    # A uid manages its own processes; a cgroup only if privileged or the cgroup is delegated to it.
+    if not conn.privileged:
+        for pid in pids or ():
+            owner = _proc_owner(pid)
+            if owner != conn.peer.uid:
+                raise RpcError(PERMISSION_DENIED, f"process {pid} belongs to uid {owner}, not to you (uid {conn.peer.uid})")
+        if cgroup is not None:
+            owner = _cgroup_owner(cgroup)
+            if owner != conn.peer.uid:
+                raise RpcError(PERMISSION_DENIED, f"cgroup {cgroup} belongs to uid {owner}: an unprivileged uid may "
+                                                  f"register only a cgroup delegated to it (owned by uid {conn.peer.uid})")
+    else:
+        for pid in pids or ():
+            _proc_owner(pid)  # NOT_FOUND for a process that does not exist
+    return await groups.register(conn, name, pids, cgroup, settings)
+
+
+async def deregister_unmanaged(rm: ResourceManager, conn: Connection, p: Params) -> Any:
+    groups = _unmanaged(rm, "deregister_unmanaged")
+    name = p.str("name", None)
+    pid = p.int("pid", None)
+    cgroup = p.str("cgroup", None)
+    p.done()
+    if sum(x is not None for x in (name, pid, cgroup)) != 1:
+        raise RpcError(INVALID_PARAMS, "deregister_unmanaged: give exactly one of 'name', 'pid' or 'cgroup'")
+    group = groups.find(name=name, pid=pid, cgroup=cgroup)
+    if group.owner_uid != conn.peer.uid and not conn.privileged:
+        raise RpcError(PERMISSION_DENIED, f"elastic group {group.name!r} belongs to uid {group.owner_uid}")
+    return await groups.remove(group, "deregistered")
 
 
 # ---- subscriptions ----------------------------------------------------------------------------
@@ -393,6 +479,8 @@ METHODS: dict[str, Handler] = {
     "ack_allocation": ack_allocation,
     "get_allocation": get_allocation,
     "list_tasks": list_tasks,
+    "register_unmanaged": register_unmanaged,
+    "deregister_unmanaged": deregister_unmanaged,
     "batch": batch,
     "cancel": cancel,
     "list_procedures": list_procedures,

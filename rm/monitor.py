@@ -127,6 +127,8 @@ class Monitor:
     def _ours(self) -> set[int]:
         """Pids the busy detector must not report: registered tasks, their children, the SKB engine."""
         pids = {pid for t in self.rm.registry.tasks.values() for pid in t.pids()}
+        for demand in self.rm.demands.values():  # elastic groups' processes are managed, not busy strangers
+            pids |= demand.members()
         skb = self.skb_pid()
         if skb is not None:
             pids.add(skb)
@@ -155,6 +157,8 @@ class Monitor:
             elif ev.kind == "overrun":
                 log.warning("process events were lost (socket buffer full); re-pinning every task")
                 self.rm.reapply_all()
+        for demand in list(self.rm.demands.values()):  # elastic groups follow their members' forks and exits
+            demand.on_events(events)
         self._watch()
 
     def _forked(self, ev: ProcEvent) -> None:

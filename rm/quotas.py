@@ -62,3 +62,23 @@ def task_refusal(cfg: RMConfig, registry: Registry, uid: int, privileged: bool, 
             return (f"uid {uid} would reserve {held + min_cores} cores with min_cores; an unprivileged uid may "
                     f"reserve at most {budget} of the {n_cpus} CPUs (setting unprivileged_max_cores)")
     return None
+
+
+def group_refusal(cfg: RMConfig, registry: Registry, uid: int, privileged: bool, groups_of_uid: list[int],
+                  min_cores: int, n_cpus: int) -> str | None:
+    """Why ``uid`` may not register one more elastic group with floor ``min_cores`` (None: it may).
+
+    A group counts as a task: against ``max_tasks_per_uid``, and its floor against the cores an
+    unprivileged uid may reserve (``groups_of_uid``: the floors of the uid's other groups)."""
+    if privileged:
+        return None
+    tasks = registry.uid_tasks(uid)
+    if len(tasks) + len(groups_of_uid) + 1 > cfg.max_tasks_per_uid:
+        return (f"uid {uid} has {len(tasks)} tasks and {len(groups_of_uid)} elastic groups; the limit is "
+                f"{cfg.max_tasks_per_uid} in all (max_tasks_per_uid)")
+    budget = unprivileged_core_budget(cfg, n_cpus)
+    held = sum(t.spec.min_cores for t in tasks) + sum(groups_of_uid)
+    if held + min_cores > budget:
+        return (f"uid {uid} would reserve {held + min_cores} cores with min_cores; an unprivileged uid may "
+                f"reserve at most {budget} of the {n_cpus} CPUs (setting unprivileged_max_cores)")
+    return None

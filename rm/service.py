@@ -30,7 +30,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from cod.facts.model import Machine
 from cod.protocol import jsonrpc as rpc
@@ -81,6 +81,21 @@ async def skb_call(awaitable: Any) -> Any:
         raise skb_rpc_error(err) from None
 
 
+class Demand(Protocol):
+    """A process group the daemon drives itself (an elastic group, rm/unmanaged.py): one more
+    task for the allocator, in the epochs and publications, but with no client to tell or wait for."""
+
+    name: str
+
+    @property
+    def spec(self) -> TaskSpec: ...
+    def preferred(self) -> tuple[int, ...]: ...  # the CPUs it holds or wants: its current placement
+    def pin(self, cpus: tuple[int, ...]) -> None: ...  # the allocation gives it ``cpus``: confine it there
+    def release(self) -> None: ...  # give its processes their affinity back
+    def members(self) -> set[int]: ...  # its processes (never reported as busy)
+    def on_events(self, events: list[Any]) -> None: ...  # process events (forks and exits of members)
+
+
 @dataclass
 class _Queued:
     pub: Publication
@@ -105,6 +120,8 @@ class ResourceManager:
         self.last_plan: Plan | None = None
         self.others: dict[int, OtherTask] = {}  # pid -> unregistered busy process
         self.on_published: list[Callable[[], None]] = []  # run after each published epoch (confinement)
+        self.demands: dict[str, Demand] = {}  # elastic groups the daemon drives itself (rm/unmanaged.py)
+        self.unmanaged: Any = None  # their orchestration (rm.unmanaged.UnmanagedGroups), None when not enforcing
         self.last_announce_ns = 0  # time.monotonic_ns() of the last published epoch's upcalls
         self._node_of = {pu.id: pu.numa_node for pu in machine.pus}
         self._allowed_mems = None if machine.allowed_mems is None else set(machine.allowed_mems)
@@ -468,8 +485,8 @@ class ResourceManager:
                         derived=dict(derived), derived_values=values)
             writes.append(codec.add_system_facts(self.task_facts(task)))
             async with self._alloc_lock:
-                if task.name in self.registry.tasks:
-                    raise RpcError(rpc.ALREADY_EXISTS, f"a task named {task.name!r} is already registered")
+                if task.name in self.registry.tasks or task.name in self.demands:
+                    raise RpcError(rpc.ALREADY_EXISTS, f"a task or elastic group named {task.name!r} is already registered")
                 # 2. admission: the plan with the newcomer, not adopted yet
                 plan = await self._plan([t.spec for t in self.registry.tasks.values()] + [task.spec])
                 if plan.cores is None:
@@ -576,12 +593,13 @@ class ResourceManager:
             raise RpcError(rpc.INTERNAL_ERROR if not isinstance(err, OSError) else rpc.PERMISSION_DENIED,
                            f"cannot pin task {task.name!r} (pid {task.pid}): {err}") from None
 
-    def _refusal(self, spec: TaskSpec, plan: Plan) -> RpcError:
+    def _refusal(self, spec: TaskSpec, plan: Plan, what: str = "task") -> RpcError:
         reserved = sum(t.spec.min_cores for t in self.registry.tasks.values() if t.name != spec.name)
+        reserved += sum(d.spec.min_cores for d in self.demands.values() if d.name != spec.name)
         free = max(0, self.n_cpus - reserved)
         return RpcError(
             rpc.ADMISSION_REFUSED,
-            f"cannot admit task {spec.name!r}: it asks for at least {spec.min_cores} cores, {free} of "
+            f"cannot admit {what} {spec.name!r}: it asks for at least {spec.min_cores} cores, {free} of "
             f"{self.n_cpus} are free" + (f"; the allocator says: {plan.reason}" if plan.reason else ""),
             {"requested": spec.min_cores, "free": free, "available": self.n_cpus, "reason": plan.reason},
         )
@@ -670,8 +688,12 @@ class ResourceManager:
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
 
-    async def _plan(self, specs: list[TaskSpec]) -> Plan:
+    async def _plan(self, specs: list[TaskSpec], prefer: dict[str, tuple[int, ...]] | None = None) -> Plan:
         current = self.epochs.holdings()
+        # Elastic groups are planned beside the tasks, placed where they are (or where they want to be).
+        specs = [*specs, *(d.spec for d in self.demands.values())]
+        current.update({name: d.preferred() for name, d in self.demands.items()})
+        current.update(prefer or {})
         return await self.planner.run(specs, current, [o.demand() for _, o in sorted(self.others.items())])
 
     def schedule(self, reason: str) -> int:
@@ -713,7 +735,10 @@ class ResourceManager:
 
     # ---- acknowledgements and deadlines: never wait for anything --------------------------
     def acknowledge(self, task: Task, epoch: int) -> list[int]:
-        self.epochs, released, pub = epochs.acknowledge(self.epochs, task.name, epoch, self._now())
+        return self._acknowledge(task.name, epoch)
+
+    def _acknowledge(self, name: str, epoch: int) -> list[int]:
+        self.epochs, released, pub = epochs.acknowledge(self.epochs, name, epoch, self._now())
         if not pub.empty:
             self._queue(pub)
         return list(released)
@@ -762,6 +787,8 @@ class ResourceManager:
             task = self.registry.tasks.get(name)
             if task is not None:
                 self._pin(task, cores)
+            elif name in self.demands:
+                self._pin_demand(self.demands[name], cores)
         self._arm_deadline(pub.next_deadline)
         if not pub.empty:
             facts = [f"allocated({atom(n)}, {c})" for n, cores in sorted(pub.holdings.items()) for c in cores]
@@ -781,6 +808,10 @@ class ResourceManager:
                 self.emit("allocation_changed", payload)
             if self.conditions.conditions:
                 self._conditions_only_soon()
+            # A group the daemon drives has no client to ask: it gives back what the plan takes at once.
+            for change in pub.changes:
+                if change.removed and change.task in self.demands:
+                    self._acknowledge(change.task, pub.epoch or self.epochs.epoch)
             log.info("epoch %d (%s): %s", pub.epoch, pub.reason,
                      ", ".join(f"{c.task}={epochs.ranges(c.cores)}" for c in pub.changes) or "holdings changed")
         for hook in self.on_published:
@@ -875,6 +906,62 @@ class ResourceManager:
         except Exception as err:
             log.warning("releasing %s (pid %d) failed: %s", task.name, task.pid, err)
 
+    def _pin_demand(self, demand: Demand, cpus: tuple[int, ...]) -> None:
+        if self.closing:
+            return
+        try:
+            demand.pin(cpus)
+        except Exception as err:
+            log.warning("enforcing the allocation of elastic group %s failed: %s", demand.name, err)
+
+    # ---- elastic groups (rm/unmanaged.py drives them; here they join and leave the allocation) ---
+    async def admit_demand(self, demand: Demand, facts: Callable[[tuple[int, ...]], dict[str, list[str]]]
+                           ) -> tuple[int, ...]:
+        """Admit a group as register_task admits a task, all or nothing: plan with it (refused:
+        -32030), pin it to what it gets now, write its SKB facts (``facts(grant)``, one
+        transaction), commit and publish.  Returns its CPUs now (() while others give them back)."""
+        name = demand.name
+        async with self._alloc_lock:
+            if name in self.registry.tasks or name in self.demands:
+                raise RpcError(rpc.ALREADY_EXISTS, f"a task or elastic group named {name!r} is already registered")
+            plan = await self._plan([t.spec for t in self.registry.tasks.values()] + [demand.spec],
+                                    prefer={name: demand.preferred()})
+            if plan.cores is None:
+                raise self._refusal(demand.spec, plan, "elastic group")
+            reason = f"elastic group {name} arrived"
+            _, trial = epochs.adopt(epochs.add_task(self.epochs, name), plan.cores, self._now(),
+                                    self.cfg.revoke_deadline_s, reason)
+            grant = trial.holdings.get(name, ())
+            try:
+                demand.pin(grant)
+                await skb_call(self.skb.replace_many(facts(grant)))
+            except BaseException:
+                demand.release()
+                raise
+            new_state, pub = epochs.adopt(epochs.add_task(self.epochs, name), plan.cores, self._now(),
+                                          self.cfg.revoke_deadline_s, reason)
+            self.demands[name] = demand
+            self.epochs = new_state
+            await self._publish(self._adopted(plan, pub), already_pinned={name: grant} if grant else None)
+        return grant
+
+    async def forget_demand(self, name: str, reason: str, patterns: Iterable[str] = ()) -> None:
+        """The group leaves: it holds nothing, its processes get their affinity back, the others
+        get its CPUs, and its SKB facts (``allocated/2`` and ``patterns``) go."""
+        demand = self.demands.pop(name, None)
+        if demand is None:
+            return
+        self.epochs = epochs.forget(self.epochs, name)
+        try:
+            demand.release()
+        except Exception as err:
+            log.warning("releasing elastic group %s failed: %s", name, err)
+        self.schedule(f"elastic group {name} left")
+        await self._skb_quietly(self.skb.replace_many({f"allocated({atom(name)}, _)": [],
+                                                       **{p: [] for p in patterns}}),
+                                f"removing the facts of elastic group {name}")
+        log.info("elastic group %s left: %s", name, reason)
+
     def holdings_of(self, name: str) -> tuple[int, ...]:
         """CPUs task ``name`` may run on now (announced plus those it has yet to give back)."""
         return self.epochs.holdings().get(name, ())
@@ -931,6 +1018,11 @@ class ResourceManager:
         try:
             for task in list(self.registry.tasks.values()):
                 self._release(task)
+            for demand in list(self.demands.values()):
+                try:
+                    demand.release()
+                except Exception as err:
+                    log.warning("releasing elastic group %s failed: %s", demand.name, err)
         finally:
             if locked:
                 self._alloc_lock.release()

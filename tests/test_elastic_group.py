@@ -209,7 +209,9 @@ def test_thousands_of_short_processes_are_counted_through_their_parent():
                 break
         assert seen_max < 50  # members come and go; none is kept after it exits
         assert total > 0.05  # the children's CPU time reached the group via the shell's cutime
-        assert {m.pid for m in group.members()} == {shell.pid}
+        # The shell, and its final `sleep` once the loop is over (on a busy machine the loop may still run).
+        alive = {shell.pid, *map(int, open(f"/proc/{shell.pid}/task/{shell.pid}/children").read().split())}
+        assert shell.pid in {m.pid for m in group.members()} <= alive
     finally:
         shell.send_signal(signal.SIGKILL)
         shell.wait()

@@ -401,7 +401,8 @@ def test_the_cpsat_time_limit_falls_back_to_greedy_in_the_daemon(tmp_path, limit
                            all(t["cores"] for t in a["tasks"]) and not any(t["releasing"] for t in a["tasks"]) and a,
                            5, "every task served")
         assert alloc["status"] in statuses
-        assert alloc["solver"] == ("greedy" if alloc["status"] == "fallback" else "cpsat")
+        # A fallback is always greedy's; a "feasible" plan is whichever of CP-SAT's and greedy's is better.
+        assert alloc["solver"] in ({"greedy"} if alloc["status"] == "fallback" else {"cpsat", "greedy"})
         assert sum(len(t["cores"]) for t in alloc["tasks"]) <= 48
     finally:
         d.stop()

@@ -18,6 +18,8 @@ from .errors import UserError
 SUBCOMMANDS = ["facts", "query", "plan", "rm", "shell"]
 # Query-plan deployment with resource activity vectors (issue 17): deploy-plan, profile, bandwidth.
 SUBCOMMANDS += ["deploy", "profile", "bandwidth"]
+# Elastic cores for process groups that do not speak COD (issue 16): cod elastic.
+SUBCOMMANDS += ["elastic"]
 
 
 def build_parser() -> argparse.ArgumentParser:

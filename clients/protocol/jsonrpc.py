@@ -76,6 +76,8 @@ METHODS = (
     "add_procedure", "execute_query", "subscribe", "unsubscribe", "request_allocation",
     "ack_allocation", "get_allocation", "list_tasks", "batch",
     "cancel", "list_procedures", "list_predicates", "explain_task", "get_topology", "deploy_plan",
+    # elastic groups of processes that do not speak COD (issue 16)
+    "register_unmanaged", "deregister_unmanaged",
 )
 # Methods of the SKB's direct query socket (cod_direct.pl).
 DIRECT_METHODS = ("hello", "execute_query", "ping")

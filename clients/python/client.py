@@ -661,6 +661,29 @@ class Client:
     def list_tasks(self) -> list[dict[str, Any]]:
         return self.call("list_tasks")["tasks"]
 
+    # ---- elastic groups: processes that do not speak COD (docs/elastic.md) ----------------
+    def register_unmanaged(self, *, pid: int | list[int] | None = None, cgroup: str | None = None,
+                           name: str | None = None, mode: str | None = None, min_cores: int | None = None,
+                           max_cores: int | None = None, **settings: Any) -> dict[str, Any]:
+        """Let the daemon give a process group (pids and their children, or a cgroup) cores as its
+        load asks (the elastic Petri net).  The group outlives this connection: it stays until its
+        processes are gone or `deregister_unmanaged` removes it.  Returns the group's description."""
+        params: dict[str, Any] = {k: v for k, v in (("name", name), ("cgroup", cgroup), ("mode", mode),
+                                                     ("min_cores", min_cores), ("max_cores", max_cores)) if v is not None}
+        if isinstance(pid, list):
+            params["pids"] = pid
+        elif pid is not None:
+            params["pid"] = pid
+        params.update(settings)
+        return self.call("register_unmanaged", params)
+
+    def deregister_unmanaged(self, *, name: str | None = None, pid: int | None = None,
+                             cgroup: str | None = None) -> dict[str, Any]:
+        """Stop managing a group (by name, by one of its pids, or by its cgroup); its processes get
+        their CPU affinity back.  Returns its last description and the periods the daemon kept."""
+        params = {k: v for k, v in (("name", name), ("pid", pid), ("cgroup", cgroup)) if v is not None}
+        return self.call("deregister_unmanaged", params)
+
     def batch(self, calls: list[tuple[str, dict[str, Any]]], *, stop_on_error: bool = True) -> list[Any]:
         """Several calls in one round trip; returns each result, raising the first error."""
         res = self.call("batch", {"calls": [{"method": m, "params": p} for m, p in calls],

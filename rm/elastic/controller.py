@@ -17,7 +17,7 @@ runner now, the RM's loop later) only has to enforce ``after`` when it differs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import petrinet
@@ -26,7 +26,7 @@ from .modes import Layout, choose_grant, choose_release
 from .petrinet import Bounds, Evaluation, Marking, Thresholds
 from .settings import ElasticSettings
 
-HOLD, ALLOCATE, RELEASE, REVOKE, RESTORE = "hold", "allocate", "release", "revoke", "restore"
+HOLD, ALLOCATE, RELEASE, REVOKE, RESTORE, MOVE = "hold", "allocate", "release", "revoke", "restore", "move"
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # hold | allocate | release | revoke | restore
+    action: str  # hold | allocate | release | revoke | restore | move
     before: tuple[int, ...]
     after: tuple[int, ...]
     evaluation: Evaluation | None = None
@@ -106,6 +106,30 @@ def start(layout: Layout, settings: ElasticSettings, limits: Limits = Limits(),
         cpus.append(cpu)
     state = GroupState(cpus=tuple(cpus), marking=petrinet.initial_marking(len(cpus)))
     return state, Decision(RESTORE, (), tuple(cpus))
+
+
+def begin(cpus: Sequence[int]) -> GroupState:
+    """A group that starts on ``cpus`` chosen elsewhere (the RM's allocator); () until it gets some."""
+    cpus = tuple(dict.fromkeys(cpus))
+    return GroupState(cpus=cpus, marking=petrinet.initial_marking(len(cpus)) if cpus else (0, 0, 0, 0, 0))
+
+
+def follow(state: GroupState, cpus: Sequence[int], load: float = 0.0) -> tuple[GroupState, Decision]:
+    """The global allocation moved the group to ``cpus``: the state follows and the net does not
+    fire (the change came from outside).  CPUs it keeps keep their order; new ones come last."""
+    kept = [c for c in state.cpus if c in set(cpus)]
+    after = tuple(kept + [c for c in dict.fromkeys(cpus) if c not in set(kept)])
+    before = state.cpus
+    if len(after) < len(before):
+        action = REVOKE
+    elif len(after) > len(before):
+        action = RESTORE
+    else:
+        action = HOLD if set(after) == set(before) else MOVE
+    marking = petrinet.initial_marking(len(after), load) if after else (0, 0, 0, 0, 0)
+    new = GroupState(cpus=after, marking=marking, firings=state.firings, last=state.last, periods=state.periods)
+    notes = () if action == HOLD else (f"the global allocation gives the group CPUs {sorted(after)}",)
+    return new, Decision(action, before, after, None, notes)
 
 
 def step(state: GroupState, obs: Observation, limits: Limits, layout: Layout,

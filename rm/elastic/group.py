@@ -44,13 +44,35 @@ def _member(pid: int, proc: str) -> Member | None:
     return Member(pid, st.start_time, st.ppid)
 
 
+CGROUP_FS = ("cgroup", "cgroup2")
+
+
+def cgroup_mount_of(path: str, mounts: str = "/proc/self/mounts") -> str | None:
+    """The cgroup (v1 or v2) mount point that holds ``path`` (a resolved path), or None.
+
+    A directory that merely holds a file named ``cgroup.procs`` is not a cgroup: its "members"
+    would be whatever pids its author wrote there."""
+    best = None
+    with open(mounts) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 3 or fields[2] not in CGROUP_FS:
+                continue
+            point = fields[1].replace("\\040", " ")
+            if os.path.commonpath([point, path]) == point and (best is None or len(point) > len(best)):
+                best = point
+    return best
+
+
 class CgroupGroup:
     kind = "cgroup"
 
     def __init__(self, path: str, proc: str = procfs.PROC) -> None:
-        path = os.path.abspath(path)
+        path = os.path.realpath(path)
         if not os.path.isfile(os.path.join(path, "cgroup.procs")):
             raise ElasticError(f"{path} is not a cgroup directory (no cgroup.procs)")
+        if cgroup_mount_of(path) is None:
+            raise ElasticError(f"{path} is not in a cgroup filesystem (see /proc/self/mounts)")
         self.path = path
         self.proc = proc
         self.version = 2 if os.path.exists(os.path.join(path, "cgroup.controllers")) else 1
@@ -70,8 +92,14 @@ class CgroupGroup:
 
     def _read(self, name: str) -> str:
         try:
-            with open(os.path.join(self.path, name)) as f:
-                return f.read()
+            fd = os.open(os.path.join(self.path, name), os.O_RDONLY | os.O_CLOEXEC)
+            try:  # os.read: cheaper than open() on every period; cgroup.procs may exceed a page
+                chunks = []
+                while chunk := os.read(fd, 65536):
+                    chunks.append(chunk)
+            finally:
+                os.close(fd)
+            return b"".join(chunks).decode()
         except FileNotFoundError as err:
             raise GroupGone(f"cgroup {self.path} disappeared") from err
         except OSError as err:
@@ -80,17 +108,27 @@ class CgroupGroup:
             raise ElasticError(f"cannot read {self.path}/{name}: {err.strerror}") from err
 
     def members(self) -> list[Member]:
-        """The live processes of the cgroup now (an empty cgroup is a group with no members)."""
+        """The processes of the cgroup now (an empty cgroup is a group with no members).
+
+        A pid seen before is not read again: the kernel removes a process from the cgroup when
+        it exits, and the meter compares start times where it reads /proc anyway."""
         pids = sorted({int(x) for x in self._read("cgroup.procs").split()})
         known: dict[int, Member] = {}
         for pid in pids:
             m = self._members.get(pid)
-            if m is None or not procfs.same_process(pid, m.start, self.proc):
+            if m is None:
                 m = _member(pid, self.proc)
             if m is not None:
                 known[pid] = m
         self._members = known
         return list(known.values())
+
+    def pids(self) -> set[int]:
+        """Its processes now, cheaply (``cgroup.procs`` only; empty once the cgroup is gone)."""
+        try:
+            return {int(x) for x in self._read("cgroup.procs").split()}
+        except ElasticError:
+            return set(self._members)
 
     def cpu_usage_s(self) -> float | None:
         """The cgroup's cumulative CPU time in seconds; None without a counter."""
@@ -176,6 +214,10 @@ class PidTreeGroup:
         if not self._members:
             raise GroupGone(f"every process of group {self.describe()} has exited")
         return list(self._members.values())
+
+    def pids(self) -> set[int]:
+        """Its processes as last known (no I/O: process events keep it current)."""
+        return set(self._members)
 
     def forget(self, pid: int) -> None:
         """The meter found ``pid`` gone (or reused); when nothing is left, the group is gone."""

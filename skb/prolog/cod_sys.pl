@@ -34,6 +34,14 @@
             cpu_load/2,            % ?Cpu, ?Percent
             task_cpu_use/2,        % ?Task, ?Percent
             task_numa_pages/3,     % ?Task, ?Node, ?Pages
+            % elastic groups (written by the Resource Manager, docs/elastic.md)
+            elastic_group/4,       % ?Group, ?Source, ?Mode, ?Metric
+            elastic_thresholds/3,  % ?Group, ?ThMin, ?ThMax
+            elastic_cores/2,       % ?Group, ?Cpus
+            elastic_load/2,        % ?Group, ?Percent
+            elastic_marking/3,     % ?Group, ?Place, ?Tokens
+            elastic_state/2,       % ?Group, ?State
+            elastic_transition/3,  % ?Group, ?T, ?Time
             % derived predicates, including those of the COD paper
             usable_cpu/1,          % ?Cpu
             get_nr_cores/1,        % -Count
@@ -95,13 +103,22 @@ cod_sys_predicate(other_task, 3).
 cod_sys_predicate(cpu_load, 2).
 cod_sys_predicate(task_cpu_use, 2).
 cod_sys_predicate(task_numa_pages, 3).
+cod_sys_predicate(elastic_group, 4).
+cod_sys_predicate(elastic_thresholds, 3).
+cod_sys_predicate(elastic_cores, 2).
+cod_sys_predicate(elastic_load, 2).
+cod_sys_predicate(elastic_marking, 3).
+cod_sys_predicate(elastic_state, 2).
+cod_sys_predicate(elastic_transition, 3).
 
 :- dynamic
     machine_name/1, package/2, numa_node/3, numa_free/2, numa_bandwidth/2, node_distance/3,
     core/4, pu/4, pu_offline/1, cache/4, allowed_cpus/1, allowed_mems/1,
     total_memory/1,
     task/3, task_property/3, allocated/2, allocation_epoch/1, other_task/3,
-    cpu_load/2, task_cpu_use/2, task_numa_pages/3.
+    cpu_load/2, task_cpu_use/2, task_numa_pages/3,
+    elastic_group/4, elastic_thresholds/3, elastic_cores/2, elastic_load/2, elastic_marking/3,
+    elastic_state/2, elastic_transition/3.
 
 %!  cod_sys_assert(+Fact) is det.
 %

@@ -73,6 +73,12 @@ def _listing(shell: "Shell") -> dict[str, Any]:
             t["releasing"] = a.get("releasing", [])
             t["numa_nodes"] = a.get("numa_nodes", [])
             t["memory_nodes"] = a.get("memory_nodes", [])
+        # Elastic groups hold CPUs too: shown as rows (without a pid), as the embedded view shows them.
+        for g in listing.get("elastic_groups", []):
+            listing.setdefault("tasks", []).append({
+                "task": g["group"], "pid": None, "app": None, "cores": g.get("cores", []), "epoch": listing.get("epoch"),
+                "binding": [], "properties": {"min_cores": g["settings"]["min_cores"], "max_cores": len(g.get("cores", []))},
+                "releasing": [], "cpu_use": None, "numa_pages": {}})
     return listing
 
 
@@ -208,6 +214,13 @@ def cmd_tasks(shell: "Shell", cmd: Command) -> None:
     _no_args(cmd)
     listing = _listing(shell)
     shell.emit(cmd, listing, lambda: render.tasks_view(listing, shell.out.colour))
+
+
+@command("elastic", "", "elastic groups: processes that do not speak COD, their cores and their Petri net (SKB facts)")
+def cmd_elastic(shell: "Shell", cmd: Command) -> None:
+    _no_args(cmd)
+    groups = skbviews.elastic_groups(shell.backend.query)
+    shell.emit(cmd, {"elastic_groups": groups}, lambda: render.elastic_view(groups, shell.out.colour))
 
 
 @command("allocation", "", "the task-by-CPU matrix (COD paper, Figure 4), grouped by NUMA node and L3",

@@ -198,6 +198,24 @@ def tasks_view(listing: dict[str, Any], colour: bool) -> list[Any]:
     return items
 
 
+def elastic_view(groups: list[dict[str, Any]], colour: bool) -> list[Any]:
+    """Elastic groups (docs/elastic.md): what the daemon manages for them, and their Petri net."""
+    if not groups:
+        return [Text("No elastic groups (cod elastic --pid PID | --cgroup PATH registers one).", style="dim")]
+    places = ("checks", "idle", "stable", "overload", "provision")
+    table = _table(colour, "group", "source", "mode", "CPUs", "load", "state", "marking (C I S O P)", "last fired")
+    table.columns[1].overflow = "fold"
+    for g in groups:
+        source = ", ".join(f"{k} {v}" for k, v in (g.get("source") or {}).items())
+        marking = " ".join(str(g["marking"].get(p, 0)) for p in places)
+        recent = sorted(g.get("transitions") or [], key=lambda ft: ft[1])[-4:]
+        load = g.get("load")
+        table.add_row(g["group"], source, f"{g.get('mode')}/{g.get('metric')}", cpus_text(g.get("cores")),
+                      "-" if load is None else f"{load:g}%", str(g.get("state") or "-"), marking,
+                      " ".join(t for t, _ in recent) or "-")
+    return [title("Elastic groups:"), table]
+
+
 def plan_view(plan: dict[str, Any], listing: dict[str, Any]) -> list[Any]:
     if plan.get("solver") in (None, "none"):
         first = "No plan has been made yet (no task was ever registered)." if plan.get("solver") == "none" else \

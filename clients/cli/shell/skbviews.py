@@ -115,3 +115,36 @@ def list_facts(query: Query, name: str, arity: int, limit: int) -> tuple[list[st
     solutions = query(goal, max_solutions=limit + 1, timeout_s=VIEW_TIMEOUT_S)
     texts = [fact_text(name, [s.get(v) for v in variables]) for s in solutions[:limit]]
     return texts, len(solutions) > limit
+
+
+def elastic_groups(query: Query) -> list[dict[str, Any]]:
+    """The elastic groups as the SKB holds them (``elastic_*``, docs/skb-schema.md): source, mode,
+    metric, thresholds, cores, load, the net's marking and state, and its last transitions."""
+    answer = _one(query, "findall(g(G, S, M, Me), elastic_group(G, S, M, Me), Gs), "
+                         "findall(t(G, Lo, Hi), elastic_thresholds(G, Lo, Hi), Ths), "
+                         "findall(c(G, Cs), elastic_cores(G, Cs), Cores), "
+                         "findall(l(G, L), elastic_load(G, L), Loads), "
+                         "findall(m(G, P, N), elastic_marking(G, P, N), Marks), "
+                         "findall(s(G, St), elastic_state(G, St), States), "
+                         "findall(f(G, T, At), elastic_transition(G, T, At), Fired)")
+    groups: dict[str, dict[str, Any]] = {}
+    for name, source, mode, metric in map(_args, answer.get("Gs") or []):
+        kind = source.get("functor") if isinstance(source, dict) else None
+        value = _args(source)[0] if kind else source
+        groups[name] = {"group": name, "source": {kind or "source": value}, "mode": mode, "metric": metric,
+                        "thresholds": None, "cores": [], "load": None, "marking": {}, "state": None,
+                        "transitions": []}
+    for name, lo, hi in map(_args, answer.get("Ths") or []):
+        if name in groups:
+            groups[name]["thresholds"] = [lo, hi]
+    for key, rows in (("cores", "Cores"), ("load", "Loads"), ("state", "States")):
+        for name, value in map(_args, answer.get(rows) or []):
+            if name in groups:
+                groups[name][key] = value
+    for name, place, tokens in map(_args, answer.get("Marks") or []):
+        if name in groups:
+            groups[name]["marking"][place] = tokens
+    for name, t, at in map(_args, answer.get("Fired") or []):
+        if name in groups:
+            groups[name]["transitions"].append([t, at])
+    return [groups[n] for n in sorted(groups)]
