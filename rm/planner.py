@@ -31,6 +31,8 @@ class Plan:
     reservations: dict[str, tuple[int, ...]] = field(default_factory=dict)
     # per task that lost CPUs it held to unregistered processes: their names (its upcall's reason)
     displaced_by: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # how the allocator found and proved it, e.g. "greedy = waterfill bound" (AllocationResult.via)
+    proof: str = ""
 
     @property
     def unavailable(self) -> tuple[int, ...]:
@@ -45,11 +47,11 @@ def _run_allocator(
     # CP-SAT by default; the allocator itself falls back to greedy when the time limit hits.
     result = allocate(machine, list(specs), dict(current), others=others, solver=solver, time_limit_s=time_limit_s)
     if result.status == "infeasible":
-        return Plan(None, result.reason, result.solver, result.solve_ms, result.status)
+        return Plan(None, result.reason, result.solver, result.solve_ms, result.status, proof=result.via)
     return Plan({t.name: tuple(t.cores) for t in result.tasks}, None, result.solver, result.solve_ms,
                 result.status, {t.name: tuple(t.binding) for t in result.tasks},
                 {r.name: tuple(r.cpus) for r in result.reservations},
-                {t.name: tuple(t.displaced_by) for t in result.tasks if t.displaced_by})
+                {t.name: tuple(t.displaced_by) for t in result.tasks if t.displaced_by}, result.via)
 
 
 class Planner:

@@ -980,6 +980,7 @@ class ResourceManager:
             "solver": plan.solver if plan else "none",
             "status": plan.status if plan else None,
             "solve_ms": round(plan.solve_ms, 3) if plan else None,
+            "proof": plan.proof if plan else "",
             "unavailable": list(plan.unavailable) if plan else [],
         }
 

@@ -84,7 +84,7 @@ def tasks_from_skb(query: Query) -> dict[str, Any]:
     others = [{"pid": pid, "comm": comm, "cpu": None, "cpus": cpus}
               for pid, comm, cpus in map(_args, answer.get("Others") or [])]
     unavailable = sorted({c for o in others for c in o["cpus"]})
-    return {"epoch": epoch, "plan": {"solver": "none", "status": None, "solve_ms": None, "unavailable": unavailable},
+    return {"epoch": epoch, "plan": {"solver": "none", "status": None, "solve_ms": None, "proof": "", "unavailable": unavailable},
             "tasks": tasks, "other_tasks": others}
 
 
