@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import select
 import threading
-import time
 
 import pytest
 
@@ -23,15 +22,7 @@ from cod.client import (
     skb_execute_query,
 )
 from test_rm_support import magny, start_daemon  # noqa: F401  (magny is a fixture)
-
-
-def wait_until(pred, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(0.01)
-    return False
+from helpers.waiting import wait_until
 
 
 def test_facts_queries_and_procedures(magny):

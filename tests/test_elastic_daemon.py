@@ -24,6 +24,7 @@ from cod.client.errors import AlreadyExists, InvalidRequest, NotFound, Permissio
 from cod.protocol import jsonrpc as rpc
 from helpers.cgroups import temp_cgroup
 from helpers.procs import allowed_list, spawn, spinner_cmd  # noqa: F401 (fixtures)
+from helpers.waiting import wait_until
 from test_rm_support import COD, RawConn, as_user, start_daemon
 
 ALL = sorted(os.sched_getaffinity(0))
@@ -58,16 +59,6 @@ def cod_elastic(d, *args: str, check: bool = True) -> subprocess.CompletedProces
 
 def masks(proc_pid: int) -> set[str]:
     return {allowed_list(proc_pid, int(t)) for t in os.listdir(f"/proc/{proc_pid}/task")}
-
-
-def wait_until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def groups(c: Client) -> dict[str, dict]:

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
+from helpers.waiting import wait_until
 from test_rm_support import RawConn, start_daemon
 
 ROOT = os.geteuid() == 0
@@ -60,16 +61,6 @@ def wait_upcall(conn: RawConn, pred, timeout: float = 10.0) -> dict:
         assert msg is not None, "daemon hung up"
         if "method" in msg and pred(msg["params"]):
             return msg["params"]
-
-
-def wait_until(check, timeout: float = 5.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def masks(spinner) -> set[str]:

@@ -17,17 +17,8 @@ from cod.facts import machines
 from cod.protocol import jsonrpc as rpc
 from cod.skb import SKB, SKBError
 from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
+from helpers.waiting import wait_until
 from test_rm_support import RawConn, start_daemon
-
-
-def wait_until(check, timeout: float = 5.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 # ---- bug 1: one client's slow query stalls nobody's writes ------------------------------------
