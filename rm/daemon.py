@@ -110,7 +110,8 @@ class Daemon:
         engine = EngineConfig(
             query_timeout_s=self.cfg.query_timeout_s, thread_stack_bytes=self.cfg.skb_thread_stack_bytes,
             memory_limit_bytes=self.cfg.skb_memory_limit_bytes, app_slots=self.cfg.skb_app_slots,
-            max_threads=self.cfg.skb_max_threads, direct_socket=direct, max_frame_bytes=self.cfg.max_frame_bytes,
+            max_threads=self.cfg.skb_max_threads, worker_idle_s=self.cfg.skb_worker_idle_s,
+            direct_socket=direct, max_frame_bytes=self.cfg.max_frame_bytes,
             # An answer must fit in one of our frames, with room for the reply around it.
             max_reply_bytes=self.cfg.max_frame_bytes - 1024)
         try:

@@ -370,6 +370,10 @@ class AsyncSKB:
     async def revoke(self, token: str) -> None:
         await self._run(codec.revoke(token))
 
+    async def stats(self) -> dict[str, int]:
+        """The engine's threads, applications and modules (for tests and benches)."""
+        return dict(await self._run(codec.STATS))
+
     # ---- queries --------------------------------------------------------
     async def query(self, app: str, goal: str, *, all_solutions: bool = True, timeout_s: float | None = None,
                     max_solutions: int = 10_000, tag: str | None = None) -> dict[str, Any]:

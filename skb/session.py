@@ -60,6 +60,7 @@ class EngineConfig:
     memory_limit_bytes: int | None = 4 << 30  # RLIMIT_AS of the whole engine process
     app_slots: int = 4  # queries of one application running at once
     max_threads: int = 256
+    worker_idle_s: float = 10.0  # an idle query worker (beyond 4) leaves after this
     max_reply_bytes: int = MAX_REPLY_BYTES
     direct_socket: str | None = None  # the direct query channel's socket, or none
     max_frame_bytes: int = 1 << 20
@@ -71,6 +72,7 @@ class EngineConfig:
         args = {
             "app-slots": self.app_slots,
             "max-threads": self.max_threads,
+            "worker-idle-s": self.worker_idle_s,
             "thread-stack": self.thread_stack_bytes,
             "max-reply-bytes": self.max_reply_bytes,
             "max-frame-bytes": self.max_frame_bytes,

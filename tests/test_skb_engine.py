@@ -244,3 +244,31 @@ def test_async_engine_survives_a_cancelled_call() -> None:
             await engine.close()
 
     asyncio.run(scenario())
+
+
+def test_the_query_pool_grows_for_a_burst_and_shrinks_back() -> None:
+    """Twenty queries at once get twenty workers; once idle for worker_idle_s they leave, down to
+    the pool's minimum of four (idle threads cost every write: clause GC visits each one)."""
+    from cod.skb import EngineConfig
+
+    async def scenario() -> None:
+        engine = await AsyncSKB.start(EngineConfig(load_library=False, worker_idle_s=0.3))
+        try:
+            apps = [f"a{i}" for i in range(20)]  # one application runs at most 4 queries at once
+            for app in apps:
+                await engine.add_facts(app, PERSISTENT, ["n(1)"])
+            answers = await asyncio.gather(*(engine.execute_query(app, "sleep(0.3), n(X)") for app in apps))
+            assert answers == [[{"X": 1}]] * 20
+            grown = await engine.stats()
+            assert grown["workers"] >= 20
+            await asyncio.sleep(1.5)
+            shrunk = await engine.stats()
+            assert shrunk["workers"] == 4, shrunk
+            assert shrunk["idle"] >= 3, shrunk  # the stats request itself may hold one
+            # and the pool still serves a burst after shrinking
+            answers = await asyncio.gather(*(engine.execute_query(app, "sleep(0.1), n(X)") for app in apps[:10]))
+            assert answers == [[{"X": 1}]] * 10
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())

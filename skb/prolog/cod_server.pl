@@ -36,8 +36,8 @@ Threads, and why:
   - cod_writer: every change (system facts, the allocation, application
     facts and procedures), one at a time, each in transaction/1: readers
     never see half a change, and a change that fails leaves nothing.
-  - workers (a pool that grows on demand up to max_threads): queries and
-    other reads.  Each query runs in snapshot/1 under its own time,
+  - workers (a pool that grows on demand up to max_threads, and shrinks
+    back to min_workers when idle): queries and other reads.  Each query runs in snapshot/1 under its own time,
     inference and stack limits; a runaway query costs its own thread only.
   - direct channel: an acceptor and one thread per connection
     (cod_direct.pl), under the same limits and per-application slots.
@@ -62,6 +62,8 @@ for a slot.  CPU time between running queries is shared by the kernel.
 
 default_setting(app_slots, 4).
 default_setting(max_threads, 256).
+default_setting(min_workers, 4).                % the pool never shrinks below this
+default_setting(worker_idle_s, 10).             % an idle worker beyond min_workers leaves after this
 default_setting(thread_stack, 268435456).       % bytes, per thread
 default_setting(max_reply_bytes, 67108864).
 default_setting(direct_socket, '').
@@ -312,9 +314,10 @@ with_app_slot(App, Goal) :-
 
 %   submit(+Job): hand a job to the pool, growing it when every worker
 %   is busy (so a job never waits behind another application's job).
+%   The job is queued under the pool's mutex, so a worker that leaves
+%   (leave_pool/0) never leaves a job without an idle worker.
 submit(Job) :-
-    with_mutex(cod_pool, grow_pool),
-    thread_send_message(cod_jobs, Job).
+    with_mutex(cod_pool, ( grow_pool, thread_send_message(cod_jobs, Job) )).
 
 grow_pool :-
     flag(cod_idle, Idle, Idle),
@@ -329,13 +332,33 @@ grow_pool :-
     ;   true
     ).
 
+%   A worker left idle for worker_idle_s seconds leaves, unless it is one
+%   of the last min_workers: after a burst of clients the pool shrinks
+%   back, because every thread costs every write (clause garbage
+%   collection visits each thread) and memory.
 worker_loop :-
-    thread_get_message(cod_jobs, job(Id, Op, App)),
-    flag(cod_idle, I0, I0-1),
-    run_op(Id, Op),
-    (   App == none -> true ; release_slot(App) ),
-    flag(cod_idle, I1, I1+1),
-    worker_loop.
+    setting(worker_idle_s, Idle),
+    (   thread_get_message(cod_jobs, job(Id, Op, App), [timeout(Idle)])
+    ->  flag(cod_idle, I0, I0-1),
+        run_op(Id, Op),
+        (   App == none -> true ; release_slot(App) ),
+        flag(cod_idle, I1, I1+1),
+        worker_loop
+    ;   with_mutex(cod_pool, leave_pool)
+    ->  true
+    ;   worker_loop
+    ).
+
+%   leave_pool: succeeds (and counts this worker out) when no job waits and
+%   more than min_workers would be left; run under the cod_pool mutex, as
+%   grow_pool is.
+leave_pool :-
+    message_queue_property(cod_jobs, size(0)),
+    flag(cod_workers, Total, Total),
+    setting(min_workers, Min),
+    Total > Min,
+    flag(cod_workers, T, T-1),
+    flag(cod_idle, I, I-1).
 
 		 /*******************************
 		 *          OPERATIONS          *
