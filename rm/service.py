@@ -714,6 +714,7 @@ class ResourceManager:
                 target = self._requested_gen
                 reasons, self._pending_reasons = self._pending_reasons, []
                 reason = "; ".join(dict.fromkeys(reasons)) or "recomputation"
+                log.debug("recomputing the allocation: %s", reason)
                 try:
                     plan = await self._plan([t.spec for t in self.registry.tasks.values()])
                 except Exception:

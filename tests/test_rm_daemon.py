@@ -259,3 +259,19 @@ def test_batch_runs_in_order_and_stops_at_the_first_error(magny):
     assert r[0] == {"result": {"added": 2}}
     assert r[1]["result"]["solutions"][0]["L"] == [1, 2]
     assert r[2]["error"]["code"] == -32040 and len(r) == 3
+
+
+@pytest.mark.parametrize("interval, runs", [(None, 0), ("0.2", 3)])
+def test_recompute_interval_s_recomputes_without_a_change(tmp_path, interval, runs):
+    extra = ["--set", f"recompute_interval_s={interval}"] if interval else []
+    d = start_daemon(tmp_path, "--machine", "magnycours", "--log-level", "debug", *extra)
+    try:
+        c = RawConn(d.path)
+        c.hello("periodic")
+        assert "result" in c.call("register_task", {"name": "t", "pid": os.getpid(), "properties": {"min_cores": 2}})
+        time.sleep(1.2)  # nothing changes meanwhile
+        periodic = d.log_text().count("recomputing the allocation: periodic recomputation")
+        assert periodic >= runs if runs else periodic == 0, periodic
+        assert c.call("get_allocation", {"task": "t"})["result"]["cores"]  # the task keeps being served
+    finally:
+        d.stop()
