@@ -55,7 +55,11 @@ test: setup cclient
 cclient:
 	$(MAKE) -s -C clients/c all check-progs
 
+# The benchmarks also compare libcod's JSON library with two others (docs/cclient.md).
+BENCH_APT_PACKAGES := libcjson-dev libjson-c-dev
+
 bench: setup
+	@$(MAKE) -s deps APT_PACKAGES="$(BENCH_APT_PACKAGES)"
 	$(VPY) -m pip install -q -e '.[bench]'
 	@for b in bench/*_bench.py; do echo "== $$b"; $(VPY) $$b; done
 

@@ -119,7 +119,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
     ap.add_argument("--machine", default="magnycours", help="the daemon's machine (default: magnycours)")
     args = ap.parse_args()
-    subprocess.run(["make", "-s", "-C", str(CDIR), "all", "check-progs", "fuzz", "json-choice"], check=True)
+    if subprocess.run(["make", "-s", "-C", str(CDIR), "all", "check-progs", "fuzz", "json-choice"]).returncode:
+        raise SystemExit("building libcod's bench programs failed (see above); `make bench` installs what they "
+                         "need (libcjson-dev, libjson-c-dev, clang)")
     per_round = 2_000 if args.quick else 20_000
     rounds = 5
     results: dict[str, object] = {"loadavg_before": os.getloadavg(), "cpus_here": os.cpu_count()}
