@@ -323,7 +323,7 @@ int cscs_run(const struct run_options *o)
         return 1;
     }
     struct glue_config gc = {
-        .socket = o->socket_path, .cost_fn_path = o->cost_fn_path, .ntuples = o->tuples,
+        .socket = o->socket_path, .name = o->cod_name, .cost_fn_path = o->cost_fn_path, .ntuples = o->tuples,
         .tuple_bytes = CSCS_TUPLE_BYTES, .batch_queries = o->batch_queries,
         .batch_updates = o->batch_updates, .sla_ms = o->sla_ms, .max_cores = (int)nallowed,
     };

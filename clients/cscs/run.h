@@ -19,8 +19,9 @@ struct run_options {
     const char *results_path;
     const char *schedule;     /* --cores-schedule */
     const char *control_path; /* --control FIFO */
-    const char *socket_path;  /* --socket: COD (phase 2) */
+    const char *socket_path;  /* --socket: run under COD */
     const char *cost_fn_path;
+    const char *cod_name;     /* --name: the task and application under COD (NULL: "cscs") */
     int no_numa_binding;
 };
 
