@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -299,6 +300,16 @@ static void layout_text(struct engine *e, char *buf, size_t len)
     free(parts);
 }
 
+/* SIGTERM and SIGINT end the run after the batch in progress, with the summary (and, under
+ * COD, the task deregistered), as --seconds does. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
 int cscs_run(const struct run_options *o)
 {
     char err[ERRLEN] = "";
@@ -389,6 +400,11 @@ int cscs_run(const struct run_options *o)
     }
     gen_started = 1;
 
+    struct sigaction sa = { 0 };
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     double start = now_s(), prev_done = start;
     int stop = 0;
     for (uint64_t seq = 1; !stop; seq++) {
@@ -396,6 +412,10 @@ int cscs_run(const struct run_options *o)
             break;
         if (o->seconds > 0 && now_s() - start >= o->seconds)
             break;
+        if (stop_requested) {
+            printf("# stopped by a signal\n");
+            break;
+        }
         /* Before the scan phase: changes of cores, from COD or the hooks. */
         double reconfig_ms = 0;
         for (;;) {
@@ -446,6 +466,7 @@ int cscs_run(const struct run_options *o)
                        "(%zu chunks handed over whole), %zu scan threads started, %zu stopped, %.1f ms\n",
                        (unsigned long long)seq, cmd.source, before, after, rs.tuples_moved,
                        rs.chunks_handed_over, rs.threads_started, rs.threads_stopped, rs.ms);
+                fflush(stdout);
                 reconfig_ms += rs.ms;
                 sum.reconfigs++;
                 sum.reconfig_ms += rs.ms;
