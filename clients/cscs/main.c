@@ -22,6 +22,8 @@ static const char USAGE[] =
     "  --batch-queries Q     point queries per batch (default 2048)\n"
     "  --batch-updates U     updates per batch (default 512)\n"
     "  --sla-ms MS           response-time SLA, reported per batch\n"
+    "  --think-ms MS         the load generator pauses MS between an answer and its\n"
+    "                        next batch (default 0)\n"
     "  --cores LIST          scan threads on these CPUs (default: every CPU allowed)\n"
     "  --naive               one scan thread on every CPU, no reaction to anything\n"
     "  --cores-schedule SPEC change cores during the run, e.g. '#3=0;#5=0-1' or '10s=1'\n"
@@ -115,7 +117,7 @@ static int parse_counts(const char *s, size_t **out, size_t *n)
 
 enum {
     OPT_TUPLES = 256, OPT_SECONDS, OPT_BATCHES, OPT_BQ, OPT_BU, OPT_SLA, OPT_CORES, OPT_NAIVE,
-    OPT_SCHEDULE, OPT_CONTROL, OPT_SOCKET, OPT_COSTFN, OPT_NAME, OPT_CSV, OPT_RESULTS, OPT_SEED,
+    OPT_SCHEDULE, OPT_CONTROL, OPT_SOCKET, OPT_COSTFN, OPT_NAME, OPT_THINK, OPT_CSV, OPT_RESULTS, OPT_SEED,
     OPT_NONUMA, OPT_TPC, OPT_REQUESTS, OPT_OUT, OPT_MODEL, OPT_WALL, OPT_HELP,
 };
 
@@ -133,6 +135,7 @@ static const struct option RUN_OPTS[] = {
     { "socket", required_argument, 0, OPT_SOCKET },
     { "cost-fn", required_argument, 0, OPT_COSTFN },
     { "name", required_argument, 0, OPT_NAME },
+    { "think-ms", required_argument, 0, OPT_THINK },
     { "csv", required_argument, 0, OPT_CSV },
     { "results", required_argument, 0, OPT_RESULTS },
     { "seed", required_argument, 0, OPT_SEED },
@@ -194,6 +197,12 @@ static int cmd_run(int argc, char **argv)
         case OPT_SLA:
             if (parse_positive(optarg, &o.sla_ms) != 0) {
                 status = usage_error("--sla-ms '%s': expected a positive number of milliseconds", optarg);
+                goto out;
+            }
+            break;
+        case OPT_THINK:
+            if (parse_positive(optarg, &o.think_ms) != 0 || o.think_ms > 60000) {
+                status = usage_error("--think-ms '%s': expected a positive number of milliseconds up to 60000", optarg);
                 goto out;
             }
             break;

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "batch.h"
 #include "clock.h"
@@ -123,6 +124,7 @@ struct loadgen {
     struct query *q;
     struct update *u;
     FILE *results;
+    double think_ms;  /* pause between an answer and the next batch (0: a closed loop without one) */
     int failed;
 };
 
@@ -209,6 +211,11 @@ static void *loadgen_main(void *arg)
         pthread_mutex_unlock(&mb->mu);
         if (g->failed)
             break;
+        if (g->think_ms > 0) {
+            struct timespec ts = { (time_t)(g->think_ms / 1e3), (long)(fmod(g->think_ms, 1e3) * 1e6) };
+            while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+                ;
+        }
     }
     /* Leaving (stopped or failed): whoever waits on us must not wait on. */
     iq_close(g->iq);
@@ -386,7 +393,7 @@ int cscs_run(const struct run_options *o)
 
     g = (struct loadgen){ .iq = &iq, .mb = &mb, .rng = cscs_seed_hash(o->seed ^ 0x5EEDULL),
                           .nkeys = engine_nkeys(e), .nq = o->batch_queries, .nu = o->batch_updates,
-                          .results = results };
+                          .results = results, .think_ms = o->think_ms };
     g.q = calloc(o->batch_queries + 1, sizeof *g.q);
     g.u = calloc(o->batch_updates + 1, sizeof *g.u);
     if (!g.q || !g.u) {

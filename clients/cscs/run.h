@@ -11,6 +11,7 @@ struct run_options {
     uint64_t max_batches; /* stop after this many batches (0: no limit) */
     uint64_t seed;
     double sla_ms;        /* 0: none */
+    double think_ms;      /* --think-ms: the load generator's pause between batches */
     size_t batch_queries, batch_updates;
     int naive;
     const int *cpus;      /* --cores; NULL: every CPU this process may use */
