@@ -43,9 +43,11 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q -e '.[test]'
 	@touch $@
 
+# The SKB and Listing 3 on this machine and the paper's machines, then the whole story live:
+# the RM, CSCS under COD, a CPU stressor, the upcall, the redistribution (clients/cscs/demo.py).
 demo: setup
 	$(VPY) clients/python/examples/demo.py
-	$(VPY) clients/python/examples/run_demo.py
+	$(VPY) clients/cscs/demo.py
 
 test: setup cclient
 	$(MAKE) -C clients/cscs check

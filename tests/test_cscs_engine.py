@@ -230,6 +230,8 @@ def test_refused_plan_changes_nothing(tmp_path: Path, cscs: Path) -> None:
         (["--tuples", "100", "--batches", "1", "--cores-schedule", "#0=0"], "schedule item"),
         (["--tuples", "100", "--batches", "1", "--batch-queries", "0", "--batch-updates", "0"], "at least one"),
         (["--tuples", "100", "--batches", "1", "--cost-fn", "x.pl"], "needs --socket"),
+        (["--tuples", "100", "--batches", "1", "--name", "x"], "needs --socket"),
+        (["--tuples", "100", "--batches", "1", "--socket", "s", "--cores", "0"], "the cores come from COD"),
         (["--tuples", "100", "--batches", "1", "--frobnicate"], "unrecognized option"),
     ],
 )
@@ -244,9 +246,15 @@ def test_cores_not_allowed_are_refused(cscs: Path) -> None:
     assert proc.returncode == 1 and "CPU 4000 is not one this process may run on" in proc.stderr
 
 
-def test_without_libcod_socket_is_refused_clearly(cscs: Path) -> None:
-    proc = run(cscs, "--tuples", "100", "--batches", "1", "--socket", "/nonexistent/cod.sock")
+def test_without_libcod_socket_is_refused_clearly() -> None:
+    stub = cscs_ref.build("build/cscs_stub")
+    proc = run(stub, "--tuples", "100", "--batches", "1", "--socket", "/nonexistent/cod.sock")
     assert proc.returncode == 1 and "built without libcod" in proc.stderr
+
+
+def test_an_rm_that_is_not_there_is_reported_clearly(cscs: Path) -> None:
+    proc = run(cscs, "--tuples", "100", "--batches", "1", "--socket", "/nonexistent/cod.sock")
+    assert proc.returncode == 1 and "cannot connect to the RM at /nonexistent/cod.sock" in proc.stderr, proc.stderr
 
 
 def test_control_path_must_be_a_fifo(tmp_path: Path, cscs: Path) -> None:

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from cod.rm.enforce import AffinityEnforcer, CpusetV1Enforcer, EnforceError, NullEnforcer, detect
-from cod.rm.enforce.affinity import set_thread_affinity
+from cod.rm.enforce.affinity import own_placement, set_thread_affinity
 from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
 from cod.rm.enforce.procfs import cpus_allowed, pids, read_stat, thread_ids
 from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
@@ -83,6 +83,71 @@ def test_thread_created_after_pinning_is_pinned(kind, state_dir, spawn):
         os.sched_setaffinity(tid, CPUS)
         assert enf.add_thread("db", tid) is True
         assert cpus_allowed(task.pid, tid) == (CPUS[1],)
+    finally:
+        enf.close()
+
+
+# ---- decision 14: a thread's own placement survives a re-pin of its task --------------------------
+@pytest.mark.parametrize("mask, given, cpus, kept", [
+    ((1,), (0, 1), (0, 1), (1,)),        # pinned itself inside: kept
+    ((1,), (0, 1), (1, 2), (1,)),        # still inside the new CPUs: kept
+    ((0,), (0, 1), (1, 2), None),        # outside the new CPUs: the task's CPUs
+    ((1,), (1,), (0, 1), None),          # the RM's own former mask: follows the task
+    ((0, 1), (0, 1), (0, 1, 2), None),   # the whole former mask: follows the task
+    ((2, 0), (0, 1, 2, 3), (0, 2), (0, 2)),
+    ((1,), None, (0, 1), None),          # the first pin keeps nothing
+    ((), (0, 1), (0, 1), None),
+])
+def test_own_placement_rule(mask, given, cpus, kept):
+    assert own_placement(mask, given, cpus) == kept
+
+
+@two_cpus
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_threads_own_placement_is_kept_when_its_task_is_pinned_again(kind, state_dir, spawn):
+    """A storage engine pins each scan thread to one core; the RM re-pinning the task (same or
+    other CPUs) leaves that placement alone while it lies inside the task's CPUs."""
+    a, b = CPUS[0], CPUS[1]
+    task = spawn(3, "sleep")
+    scan, other = task.tids[1], task.tids[2]
+    enf = make(kind, state_dir)
+    try:
+        enf.apply("db", [task.pid], [a, b], [0])
+        os.sched_setaffinity(scan, [b])  # the engine pins its scan thread
+        enf.apply("db", [task.pid], [a, b], [0])  # re-pinned, same CPUs
+        assert cpus_allowed(task.pid, scan) == (b,)
+        assert cpus_allowed(task.pid, other) == (a, b)
+        enf.apply("db", [task.pid], [b], [0])  # shrunk around it
+        assert cpus_allowed(task.pid, scan) == (b,) and cpus_allowed(task.pid, other) == (b,)
+        # Grown again: the scan thread's mask is now the RM's former mask for the whole task,
+        # which cannot be told from the RM's pinning, so it follows the task (the engine re-pins).
+        enf.apply("db", [task.pid], [a, b], [0])
+        assert cpus_allowed(task.pid, scan) == (a, b) and cpus_allowed(task.pid, other) == (a, b)
+        os.sched_setaffinity(scan, [a])
+        enf.apply("db", [task.pid], [b], [0])  # its core is taken: it goes where the task goes
+        assert cpus_allowed(task.pid, scan) == (b,)
+    finally:
+        enf.close()
+    assert set(thread_masks(task.pid).values()) == {allowed_list(os.getpid())}
+
+
+@two_cpus
+@pytest.mark.parametrize("kind", BACKENDS)
+def test_a_new_thread_that_pinned_itself_keeps_its_core(kind, state_dir, spawn):
+    """The fork event reaches the RM after the new thread pinned itself (a scan thread's first
+    act): add_thread keeps that core instead of widening the thread to the task's CPUs."""
+    a, b = CPUS[0], CPUS[1]
+    task = spawn(1, "sleep")
+    enf = make(kind, state_dir)
+    try:
+        enf.apply("db", [task.pid], [a, b], [0])
+        tid = task.spawn_thread()
+        os.sched_setaffinity(tid, [b])
+        assert enf.add_thread("db", tid) is True
+        assert cpus_allowed(task.pid, tid) == (b,)
+        unpinned = task.spawn_thread()
+        assert enf.add_thread("db", unpinned) is True
+        assert cpus_allowed(task.pid, unpinned) == (a, b)
     finally:
         enf.close()
 

@@ -13,8 +13,11 @@ import os
 import platform
 import re
 import signal
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -131,14 +134,16 @@ STRESSOR = "while True: pass"
 
 @contextmanager
 def stressors() -> Iterator[callable]:
-    """Start CPU-bound processes pinned to chosen CPUs; all are killed on exit.
+    """Start CPU-bound processes (pinned to chosen CPUs, or not); all are killed on exit.
 
     Only processes started here are pinned or killed."""
     procs: list[subprocess.Popen] = []
 
-    def start(cpu: int) -> subprocess.Popen:
+    def start(cpu: int | None) -> subprocess.Popen:
+        """A stressor pinned on `cpu`, or (None) left where the scheduler and the RM put it."""
         p = subprocess.Popen([sys.executable, "-c", STRESSOR])
-        os.sched_setaffinity(p.pid, {cpu})
+        if cpu is not None:
+            os.sched_setaffinity(p.pid, {cpu})
         procs.append(p)
         return p
 
@@ -242,3 +247,72 @@ class LiveRun:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+class CodRM:
+    """A Resource Manager of the experiment's own: socket, state and cgroup parent under a
+    temporary directory, seeing (and confining) only the processes this script starts."""
+
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="cod-exp-"))
+        self.sock = self.dir / "rm.sock"
+        self.log = self.dir / "rm.log"
+        self.parent = f"cod_exp_{os.getpid()}"
+        with self.log.open("wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cod.cli.main", "rm", "--socket", str(self.sock),
+                 "--state-dir", str(self.dir / "state"), "--cgroup-parent", self.parent,
+                 "--busy-scope", f"descendants:{os.getpid()}"], stdout=log, stderr=log)
+        deadline = time.monotonic() + 30
+        while True:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise SystemExit(f"the RM did not start: {self.log_text()}")
+            try:
+                with socket.socket(socket.AF_UNIX) as probe:
+                    probe.connect(str(self.sock))
+                break
+            except OSError:
+                time.sleep(0.05)
+
+    def others(self) -> dict[int, dict]:
+        """The unregistered busy processes the RM knows, by pid."""
+        from cod.client import Client
+
+        with Client(str(self.sock), app="experiment") as c:
+            return {o["pid"]: o for o in c.call("list_tasks").get("other_tasks", [])}
+
+    def wait_other(self, pid: int, present: bool = True, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while (pid in self.others()) != present:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the RM did not {'find' if present else 'forget'} busy process {pid} "
+                                 f"in {timeout:g} s")
+            time.sleep(0.1)
+
+    def log_text(self) -> str:
+        return self.log.read_text() if self.log.exists() else ""
+
+    def events(self) -> list[str]:
+        """The RM's log lines that tell the story: epochs, busy processes, confinement."""
+        keep = re.compile(r"epoch \d+ \(|busy process|confined|released")
+        return [line.split(" ", 2)[2] for line in self.log_text().splitlines() if keep.search(line)]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@contextmanager
+def cod_rm() -> Iterator[CodRM]:
+    rm = CodRM()
+    try:
+        yield rm
+    finally:
+        rm.stop()
+        shutil.rmtree(rm.dir, ignore_errors=True)

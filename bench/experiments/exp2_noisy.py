@@ -8,7 +8,9 @@ for:
   * naive:          naive CSCS on every core, stressor on core 0;
   * stressor's core left out: CSCS started on every core but core 0 (static;
                     the allocation COD computes for this case, given by hand);
-  * COD:            CSCS under COD (phase 2: needs libcod; see cod_variant).
+  * COD:            CSCS under COD: the RM (its own, under a temporary
+                    directory) finds the stressor, keeps a CPU for it, and
+                    CSCS registers and scans on the CPUs it is given.
 The dataset is the paper's 3.75 M tuples per core (180 M on 48 cores).
 Each point is the median of --rounds runs per variant, the variants taking
 turns so that the rest of the machine's load drifts over all of them.
@@ -27,11 +29,13 @@ import common as c
 BATCHES = [(512, 128), (1024, 256), (2048, 512), (4096, 1024)]  # Section 7.3
 
 
-def cod_variant(tuples: int, queries: int, updates: int, seconds: float) -> c.Run | None:
-    """CSCS under COD: phase 2 starts the RM, runs `cscs run --socket ...`
-    with the stressor registered or detected, and returns the run.  Until
-    libcod exists the engine refuses --socket, so there is no COD series."""
-    return None
+def cod_variant(common: list[str], cpus: list[int], csv_path) -> c.Run:
+    """CSCS under COD with the stressor pinned on core 0 before it starts: the RM records the
+    stressor first (as the paper's setup has it), then CSCS registers and gets its cores."""
+    with c.cod_rm() as rm, c.stressors() as start:
+        hog = start(cpus[0])
+        rm.wait_other(hog.pid)
+        return c.run_cscs(common + ["--socket", str(rm.sock)], csv_path)
 
 
 def main() -> None:
@@ -46,17 +50,21 @@ def main() -> None:
     tuples = args.tuples_per_core * len(cpus)
     before = c.machine_state()
     rows = []
-    variants = ["alone", "naive"] + (["left_out"] if len(cpus) > 1 else [])
+    variants = ["alone", "naive"] + (["left_out", "cod"] if len(cpus) > 1 else [])
     for q, u in BATCHES:
         common = ["--tuples", str(tuples), "--seconds", str(args.seconds),
                   "--batch-queries", str(q), "--batch-updates", str(u)]
         samples: dict[str, list[float]] = {v: [] for v in variants}
+        cod_cores: list[str] = []
         # Rounds of every variant in turn, so that the load of the rest of
         # the machine drifts over all of them alike; the median of each.
         for _ in range(args.rounds):
             for v in variants:
                 if v == "alone":
                     run = c.run_cscs(common + ["--naive"], c.RESULTS / "exp2_run.csv")
+                elif v == "cod":
+                    run = cod_variant(common, cpus, c.RESULTS / "exp2_run.csv")
+                    cod_cores.append(run.rows[-1]["cpus"])
                 else:
                     with c.stressors() as start:
                         start(cpus[0])
@@ -68,10 +76,8 @@ def main() -> None:
             point[f"{v}_qps"] = round(statistics.median(samples[v]))
             point[f"{v}_qps_min"] = round(min(samples[v]))
             point[f"{v}_qps_max"] = round(max(samples[v]))
-        with c.stressors() as start:
-            start(cpus[0])
-            cod = cod_variant(tuples, q, u, args.seconds)
-        point["cod_qps"] = round(cod.throughput_qps()) if cod else ""
+        if cod_cores:
+            point["cod_cpus"] = " ".join(sorted(set(cod_cores)))
         for v in variants[1:]:
             point[f"{v}_loss_pct"] = round(100 * (1 - point[f"{v}_qps"] / point["alone_qps"]), 1)
         point["loadavg"] = " ".join(f"{x:.1f}" for x in c.machine_state()["loadavg"])

@@ -12,8 +12,11 @@ starts.  Response time over time, with each arrival marked, for:
               (plan_even) and stops the scan thread there.  This is the
               engine's reaction path with the decision made by this script,
               not by COD;
-  * COD:      phase 2 (cod_variant): the RM places the newcomers and CSCS
-              reacts to its upcalls with the redistribution procedure.
+  * COD:      CSCS registers with the RM (its own, under a temporary
+              directory) with its SLA and the calibrated cost function; the
+              newcomers start unpinned, the RM finds them and places them,
+              and CSCS reacts to its upcalls with the redistribution
+              procedure of the SKB.
 
 Writes results/exp3_adaptability.csv and results/exp3_adaptability.png;
 prints JSON.
@@ -30,10 +33,21 @@ from pathlib import Path
 import common as c
 
 
-def cod_variant(args_common: list[str], arrivals: list[float]) -> c.Run | None:
-    """Phase 2: start the RM, run `cscs run --socket ...`, start the
-    newcomers unpinned at `arrivals` (the RM places them), return the run."""
-    return None
+def cod_variant(args_common: list[str], arrivals: list[float], cost_fn: Path) -> tuple[c.Run, list[str]]:
+    """CSCS under COD; the newcomers start unpinned at `arrivals` and the RM places them.
+    Returns the run and the RM's log lines of what it did."""
+    with c.cod_rm() as rm, c.stressors() as start:
+        live = c.LiveRun(args_common + ["--socket", str(rm.sock), "--cost-fn", str(cost_fn)],
+                         c.RESULTS / "exp3_COD.csv")
+        try:
+            live.wait_started()
+            for t in arrivals:
+                live.sleep_until(t)
+                start(None)
+            run = live.finish()
+        finally:
+            live.kill()
+        return run, rm.events()
 
 
 def naive(args_common: list[str], arrivals: list[float], cpus: list[int]) -> c.Run:
@@ -101,9 +115,9 @@ def main() -> None:
               "--batch-queries", str(c.PAPER_QUERIES), "--batch-updates", str(c.PAPER_UPDATES)]
     before = c.machine_state()
     runs = {"naive": naive(common, arrivals, cpus), "reacting": reacting(common, arrivals, cpus, min_cores)}
-    cod = cod_variant(common, arrivals)
-    if cod:
-        runs["COD"] = cod
+    cod_log: list[str] = []
+    if len(cpus) > 1:
+        runs["COD"], cod_log = cod_variant(common, arrivals, args.cost_fn)
     rows = []
     for name, run in runs.items():
         for r in run.rows:
@@ -123,6 +137,9 @@ def main() -> None:
                                "mean_rt_ms": round(sum(rts) / len(rts), 1), "max_rt_ms": round(max(rts), 1)})
         summary[name] = {"sla_met": f"{sum(int(r['sla_met']) for r in run.rows)}/{len(run.rows)}",
                          "phases": phases}
+        if name == "COD":
+            summary[name]["cod_lines"] = [line for line in run.stdout.splitlines() if line.startswith("# ")]
+            summary[name]["rm_log"] = cod_log
     plot(runs, arrivals, sla_ms, len(cpus), c.RESULTS / "exp3_adaptability.png")
     c.print_json({"experiment": "adaptability (Figure 6)", "cpus": len(cpus), "tuples": tuples,
                   "sla_ms": sla_ms, "min_cores": min_cores, "arrivals_s": arrivals, "summary": summary,

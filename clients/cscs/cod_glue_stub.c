@@ -1,6 +1,6 @@
-/* Phase 1 stand-in for cod_glue.c: this build has no COD client library.
- * Never linked into a phase 2 release build (the Makefile's GLUE=libcod
- * links cod_glue.c instead). */
+/* Stand-in for cod_glue.c in builds without the COD client library
+ * (GLUE=stub, and the C unit tests): --socket is refused with a message.
+ * The Makefile links cod_glue.c over libcod whenever libcod can be built. */
 #include "cod_glue.h"
 
 #include <stdio.h>

@@ -575,6 +575,15 @@ int engine_apply_plan(struct engine *e, const struct plan *p, struct reconfig_st
                 e->threads[i] = t;
             }
     }
+    /* 6. Every remaining thread pinned to its core again: whoever changed the cores (a
+     * resource manager widening the process's CPUs) may have widened its mask too.  A
+     * failure here is not fatal: the thread still runs, only less precisely placed. */
+    for (size_t i = 0; i < e->nthreads; i++) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        CPU_SET(e->threads[i]->cpu, &set);
+        pthread_setaffinity_np(e->threads[i]->th, sizeof set, &set);
+    }
     rc = 0;
     goto out;
 undo:

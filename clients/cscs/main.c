@@ -22,12 +22,16 @@ static const char USAGE[] =
     "  --batch-queries Q     point queries per batch (default 2048)\n"
     "  --batch-updates U     updates per batch (default 512)\n"
     "  --sla-ms MS           response-time SLA, reported per batch\n"
+    "  --think-ms MS         the load generator pauses MS between an answer and its\n"
+    "                        next batch (default 0)\n"
     "  --cores LIST          scan threads on these CPUs (default: every CPU allowed)\n"
     "  --naive               one scan thread on every CPU, no reaction to anything\n"
     "  --cores-schedule SPEC change cores during the run, e.g. '#3=0;#5=0-1' or '10s=1'\n"
     "  --control FIFO        read 'cores LIST', 'plan ...' and 'stop' lines from a FIFO\n"
     "  --socket PATH         run under COD (the RM's socket; needs a libcod build)\n"
-    "  --cost-fn FILE        the cost function pushed to COD (from cscs calibrate)\n"
+    "  --cost-fn FILE        the cost function pushed to COD (from cscs calibrate;\n"
+    "                        default: the paper's constants)\n"
+    "  --name NAME           the task's and application's name under COD (default cscs)\n"
     "  --csv FILE            one CSV row per batch\n"
     "  --results FILE        every request and every answer, as text (for tests)\n"
     "  --seed N              table and workload seed (default 1)\n"
@@ -113,7 +117,7 @@ static int parse_counts(const char *s, size_t **out, size_t *n)
 
 enum {
     OPT_TUPLES = 256, OPT_SECONDS, OPT_BATCHES, OPT_BQ, OPT_BU, OPT_SLA, OPT_CORES, OPT_NAIVE,
-    OPT_SCHEDULE, OPT_CONTROL, OPT_SOCKET, OPT_COSTFN, OPT_CSV, OPT_RESULTS, OPT_SEED,
+    OPT_SCHEDULE, OPT_CONTROL, OPT_SOCKET, OPT_COSTFN, OPT_NAME, OPT_THINK, OPT_CSV, OPT_RESULTS, OPT_SEED,
     OPT_NONUMA, OPT_TPC, OPT_REQUESTS, OPT_OUT, OPT_MODEL, OPT_WALL, OPT_HELP,
 };
 
@@ -130,6 +134,8 @@ static const struct option RUN_OPTS[] = {
     { "control", required_argument, 0, OPT_CONTROL },
     { "socket", required_argument, 0, OPT_SOCKET },
     { "cost-fn", required_argument, 0, OPT_COSTFN },
+    { "name", required_argument, 0, OPT_NAME },
+    { "think-ms", required_argument, 0, OPT_THINK },
     { "csv", required_argument, 0, OPT_CSV },
     { "results", required_argument, 0, OPT_RESULTS },
     { "seed", required_argument, 0, OPT_SEED },
@@ -194,6 +200,12 @@ static int cmd_run(int argc, char **argv)
                 goto out;
             }
             break;
+        case OPT_THINK:
+            if (parse_positive(optarg, &o.think_ms) != 0 || o.think_ms > 60000) {
+                status = usage_error("--think-ms '%s': expected a positive number of milliseconds up to 60000", optarg);
+                goto out;
+            }
+            break;
         case OPT_CORES:
             free(cpus);
             cpus = NULL;
@@ -208,6 +220,13 @@ static int cmd_run(int argc, char **argv)
         case OPT_CONTROL: o.control_path = optarg; break;
         case OPT_SOCKET: o.socket_path = optarg; break;
         case OPT_COSTFN: o.cost_fn_path = optarg; break;
+        case OPT_NAME:
+            if (!*optarg || strlen(optarg) > 63) {
+                status = usage_error("--name '%s': expected 1 to 63 bytes", optarg);
+                goto out;
+            }
+            o.cod_name = optarg;
+            break;
         case OPT_CSV: o.csv_path = optarg; break;
         case OPT_RESULTS: o.results_path = optarg; break;
         case OPT_NONUMA: o.no_numa_binding = 1; break;
@@ -260,6 +279,10 @@ static int cmd_run(int argc, char **argv)
             goto out;
         }
         control_close(c);
+    }
+    if (o.cod_name && !o.socket_path) {
+        status = usage_error("%s", "--name is the name under COD: it needs --socket");
+        goto out;
     }
     if (o.cost_fn_path && !o.socket_path) {
         status = usage_error("%s", "--cost-fn is pushed to COD: it needs --socket");

@@ -5,9 +5,11 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "batch.h"
 #include "clock.h"
@@ -122,6 +124,7 @@ struct loadgen {
     struct query *q;
     struct update *u;
     FILE *results;
+    double think_ms;  /* pause between an answer and the next batch (0: a closed loop without one) */
     int failed;
 };
 
@@ -208,6 +211,11 @@ static void *loadgen_main(void *arg)
         pthread_mutex_unlock(&mb->mu);
         if (g->failed)
             break;
+        if (g->think_ms > 0) {
+            struct timespec ts = { (time_t)(g->think_ms / 1e3), (long)(fmod(g->think_ms, 1e3) * 1e6) };
+            while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+                ;
+        }
     }
     /* Leaving (stopped or failed): whoever waits on us must not wait on. */
     iq_close(g->iq);
@@ -299,6 +307,16 @@ static void layout_text(struct engine *e, char *buf, size_t len)
     free(parts);
 }
 
+/* SIGTERM and SIGINT end the run after the batch in progress, with the summary (and, under
+ * COD, the task deregistered), as --seconds does. */
+static volatile sig_atomic_t stop_requested;
+
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    stop_requested = 1;
+}
+
 int cscs_run(const struct run_options *o)
 {
     char err[ERRLEN] = "";
@@ -323,7 +341,7 @@ int cscs_run(const struct run_options *o)
         return 1;
     }
     struct glue_config gc = {
-        .socket = o->socket_path, .cost_fn_path = o->cost_fn_path, .ntuples = o->tuples,
+        .socket = o->socket_path, .name = o->cod_name, .cost_fn_path = o->cost_fn_path, .ntuples = o->tuples,
         .tuple_bytes = CSCS_TUPLE_BYTES, .batch_queries = o->batch_queries,
         .batch_updates = o->batch_updates, .sla_ms = o->sla_ms, .max_cores = (int)nallowed,
     };
@@ -375,7 +393,7 @@ int cscs_run(const struct run_options *o)
 
     g = (struct loadgen){ .iq = &iq, .mb = &mb, .rng = cscs_seed_hash(o->seed ^ 0x5EEDULL),
                           .nkeys = engine_nkeys(e), .nq = o->batch_queries, .nu = o->batch_updates,
-                          .results = results };
+                          .results = results, .think_ms = o->think_ms };
     g.q = calloc(o->batch_queries + 1, sizeof *g.q);
     g.u = calloc(o->batch_updates + 1, sizeof *g.u);
     if (!g.q || !g.u) {
@@ -389,6 +407,11 @@ int cscs_run(const struct run_options *o)
     }
     gen_started = 1;
 
+    struct sigaction sa = { 0 };
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     double start = now_s(), prev_done = start;
     int stop = 0;
     for (uint64_t seq = 1; !stop; seq++) {
@@ -396,6 +419,10 @@ int cscs_run(const struct run_options *o)
             break;
         if (o->seconds > 0 && now_s() - start >= o->seconds)
             break;
+        if (stop_requested) {
+            printf("# stopped by a signal\n");
+            break;
+        }
         /* Before the scan phase: changes of cores, from COD or the hooks. */
         double reconfig_ms = 0;
         for (;;) {
@@ -446,6 +473,7 @@ int cscs_run(const struct run_options *o)
                        "(%zu chunks handed over whole), %zu scan threads started, %zu stopped, %.1f ms\n",
                        (unsigned long long)seq, cmd.source, before, after, rs.tuples_moved,
                        rs.chunks_handed_over, rs.threads_started, rs.threads_stopped, rs.ms);
+                fflush(stdout);
                 reconfig_ms += rs.ms;
                 sum.reconfigs++;
                 sum.reconfig_ms += rs.ms;

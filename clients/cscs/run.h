@@ -11,6 +11,7 @@ struct run_options {
     uint64_t max_batches; /* stop after this many batches (0: no limit) */
     uint64_t seed;
     double sla_ms;        /* 0: none */
+    double think_ms;      /* --think-ms: the load generator's pause between batches */
     size_t batch_queries, batch_updates;
     int naive;
     const int *cpus;      /* --cores; NULL: every CPU this process may use */
@@ -19,8 +20,9 @@ struct run_options {
     const char *results_path;
     const char *schedule;     /* --cores-schedule */
     const char *control_path; /* --control FIFO */
-    const char *socket_path;  /* --socket: COD (phase 2) */
+    const char *socket_path;  /* --socket: run under COD */
     const char *cost_fn_path;
+    const char *cod_name;     /* --name: the task and application under COD (NULL: "cscs") */
     int no_numa_binding;
 };
 

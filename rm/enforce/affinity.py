@@ -76,15 +76,50 @@ def _stat_or_none(tid: int, proc: str) -> procfs.Stat | None:
         return None
 
 
-def pin_process(pid: int, cpus: Sequence[int], proc: str = procfs.PROC) -> list[int]:
-    """Pin every thread of ``pid``; returns the tids pinned ([] when it is gone)."""
+def own_placement(mask: Sequence[int], given: Sequence[int] | None, cpus: Sequence[int]) -> tuple[int, ...] | None:
+    """A thread's own placement, to keep when its task is pinned to ``cpus`` (design decision 14).
+
+    ``mask`` is the thread's mask now and ``given`` the mask the RM gave the whole task before
+    (None at the first pin: nothing is kept then).  A mask that differs from ``given`` was set
+    by the thread's program (a storage engine pins each scan thread to one core); it is kept
+    when it lies inside ``cpus``.  A mask equal to ``given`` cannot be told from the RM's own
+    pinning and follows the task.  None: give the thread the whole of ``cpus``."""
+    own = set(mask)
+    if not own or given is None or own == set(given) or not own <= set(cpus):
+        return None
+    return tuple(sorted(own))
+
+
+def thread_placements(pid: int, given: Sequence[int] | None, cpus: Sequence[int],
+                      proc: str = procfs.PROC) -> dict[int, tuple[int, ...]]:
+    """The own placements (see `own_placement`) of ``pid``'s threads, read before re-pinning."""
+    out: dict[int, tuple[int, ...]] = {}
+    if given is None:
+        return out
+    for tid in procfs.thread_ids(pid, proc):
+        try:
+            kept = own_placement(tuple(os.sched_getaffinity(tid)), given, cpus)
+        except OSError:
+            continue
+        if kept is not None:
+            out[tid] = kept
+    return out
+
+
+def pin_process(pid: int, cpus: Sequence[int], proc: str = procfs.PROC,
+                placements: Mapping[int, Sequence[int]] | None = None) -> list[int]:
+    """Pin every thread of ``pid``; returns the tids pinned ([] when it is gone).
+
+    A thread in ``placements`` gets its own placement there (inside ``cpus``) instead."""
     done: set[int] = set()
+    placements = placements or {}
     for _ in range(PIN_ROUNDS):
         new = [t for t in procfs.thread_ids(pid, proc) if t not in done]
         if not new:
             break
         for tid in new:
-            set_thread_affinity(tid, cpus, proc)  # False (gone, fixed kthread): no retry either
+            # False (gone, fixed kthread): no retry either
+            set_thread_affinity(tid, placements.get(tid, cpus), proc)
             done.add(tid)
     return sorted(t for t in done if os.path.exists(f"{proc}/{pid}/task/{t}"))
 
@@ -196,8 +231,13 @@ class RecordingEnforcer:
         live = [p for p in pids if self._record(task, p) is not None]
         if {p: r.start for p, r in rec.procs.items()} != before or task not in self.cpus:
             self.state.save()  # before touching anything: a crash from here on is undoable
+        # Threads' own placements are read before anything changes (a v1 cpuset's new CPUs
+        # may reset the masks of the threads in it); decision 14 of docs/design-enforce.md.
+        # The first pin gives every thread the task's CPUs.
+        given_before = self.cpus.get(task)
+        placements = {p: thread_placements(p, given_before, cpus, self.proc) for p in live}
         self.cpus[task], self.mems[task] = cpus, mems
-        applied = self._enforce(task, live, cpus, mems)
+        applied = self._enforce(task, live, cpus, mems, placements)
         gone = [p for p in live if p not in applied]
         for p in gone:
             rec.procs.pop(p, None)
@@ -205,7 +245,9 @@ class RecordingEnforcer:
             self.state.save()
         return applied
 
-    def _enforce(self, task: str, pids: list[int], cpus: tuple[int, ...], mems: tuple[int, ...]) -> list[int]:
+    def _enforce(self, task: str, pids: list[int], cpus: tuple[int, ...], mems: tuple[int, ...],
+                 placements: Mapping[int, Mapping[int, tuple[int, ...]]]) -> list[int]:
+        """Confine ``pids`` to ``cpus``/``mems``; ``placements[pid][tid]``: a thread's own placement."""
         raise NotImplementedError
 
     def add_thread(self, task: str, tid: int) -> bool:
@@ -236,7 +278,17 @@ class RecordingEnforcer:
         self.state.save()
 
     def _add_thread(self, task: str, tid: int) -> bool:
-        return set_thread_affinity(tid, self.cpus[task], self.proc)
+        return set_thread_affinity(tid, self._new_thread_mask(task, tid), self.proc)
+
+    def _new_thread_mask(self, task: str, tid: int) -> tuple[int, ...]:
+        """A new thread's mask: its own placement when it already has one inside the task's
+        CPUs (it pinned itself before the RM saw it: decision 14), else the task's CPUs."""
+        cpus = self.cpus[task]
+        try:
+            kept = own_placement(tuple(os.sched_getaffinity(tid)), cpus, cpus)
+        except OSError:
+            kept = None
+        return kept if kept is not None else cpus
 
     def pin_threads(self, task: str, targets: Mapping[int, Sequence[int]]) -> list[int]:
         """Narrow threads of ``task`` to subsets of its CPUs; the tids pinned (gone ones are skipped).
@@ -325,5 +377,6 @@ class AffinityEnforcer(RecordingEnforcer):
     def describe(self) -> str:
         return "affinity (sched_setaffinity on every thread; no cgroups)"
 
-    def _enforce(self, task: str, pids: list[int], cpus: tuple[int, ...], mems: tuple[int, ...]) -> list[int]:
-        return [p for p in pids if pin_process(p, cpus, self.proc)]
+    def _enforce(self, task: str, pids: list[int], cpus: tuple[int, ...], mems: tuple[int, ...],
+                 placements: Mapping[int, Mapping[int, tuple[int, ...]]]) -> list[int]:
+        return [p for p in pids if pin_process(p, cpus, self.proc, placements.get(p))]

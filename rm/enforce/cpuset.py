@@ -16,7 +16,7 @@ import errno
 import logging
 import os
 import platform
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from . import procfs
 from .affinity import TASK_NAME, RecordingEnforcer, cgroup_dir_name, pin_process, set_thread_affinity
@@ -158,7 +158,8 @@ class CpusetEnforcer(RecordingEnforcer):
             raise EnforceError(f"cannot move {ident} into {cgroup_dir}: {err.strerror}") from err
 
     # ---- RecordingEnforcer hooks -----------------------------------------
-    def _enforce(self, task: str, pids: list[int], cpus: tuple[int, ...], mems: tuple[int, ...]) -> list[int]:
+    def _enforce(self, task: str, pids: list[int], cpus: tuple[int, ...], mems: tuple[int, ...],
+                 placements: Mapping[int, Mapping[int, tuple[int, ...]]]) -> list[int]:
         path = self.task_dir(task)
         rec = self.state.tasks[task]
         if rec.cgroup is None:
@@ -178,7 +179,8 @@ class CpusetEnforcer(RecordingEnforcer):
         for pid in pids:
             # The kernel resets affinity on attach only when the cpuset's CPUs differ
             # from the old cgroup's (6.x skips the update otherwise): pin explicitly too.
-            if self._move_process(path, pid) and pin_process(pid, cpus, self.proc):
+            # A thread's own placement inside the new CPUs is kept (decision 14).
+            if self._move_process(path, pid) and pin_process(pid, cpus, self.proc, placements.get(pid)):
                 applied.append(pid)
                 if self.memory_migrate and self.version == 2 and set(old_mems) != set(mems):
                     # From wherever its pages are (any node) to the task's nodes.
@@ -195,7 +197,7 @@ class CpusetEnforcer(RecordingEnforcer):
         # Threads are born in their creator's cgroup; this covers one moved out meanwhile.
         if self.version == 1 and not self._move(self.task_dir(task), tid):
             return False
-        return set_thread_affinity(tid, self.cpus[task], self.proc)
+        return set_thread_affinity(tid, self._new_thread_mask(task, tid), self.proc)
 
     def _restore_proc(self, pid: int, rec: ProcRecord) -> bool:
         if not procfs.same_process(pid, rec.start, self.proc):
