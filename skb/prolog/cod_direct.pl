@@ -147,8 +147,10 @@ session(In, Out, App) :-
     ->  true
     ;   direct_option(frame_timeout, FT),
         set_stream(In, timeout(FT)),
-        read_frame(In, B0, Outcome),
-        handle(Outcome, Out, App, App1),
+        % once/1: no choice point of one request may survive into the next
+        % (the recursion would keep every request's frame; see worker_loop/0).
+        once(read_frame(In, B0, Outcome)),
+        once(handle(Outcome, Out, App, App1)),
         session(In, Out, App1)
     ).
 

@@ -219,9 +219,9 @@ op_kind(time_query(App, _, _), query(App)).
 
 writer_loop :-
     thread_get_message(cod_writer, job(Id, Op)),
-    op_outcome(Op, Outcome),
-    after_write(Op),            % before the reply: who reads next sees the module gone
-    send_outcome(Id, Outcome),
+    once(op_outcome(Op, Outcome)),  % (once/1: see worker_loop/0)
+    once(after_write(Op)),          % before the reply: who reads next sees the module gone
+    once(send_outcome(Id, Outcome)),
     writer_loop.
 
 %   after_write(+Op): work that may not happen inside a transaction.
@@ -340,7 +340,7 @@ worker_loop :-
     setting(worker_idle_s, Idle),
     (   thread_get_message(cod_jobs, job(Id, Op, App), [timeout(Idle)])
     ->  flag(cod_idle, I0, I0-1),
-        run_op(Id, Op),
+        once(run_op(Id, Op)),  % no choice point may survive a job (the loop would keep its frame)
         (   App == none -> true ; release_slot(App) ),
         flag(cod_idle, I1, I1+1),
         worker_loop
@@ -407,7 +407,11 @@ op_tag(_, none).
 
 %!  op_result(+Operation, -Result) is det.
 op_result(ping, atom(pong)).
-op_result(stats, json([workers-W, idle-I, app_slots-S, apps-A, app_modules-AM, atoms-At])) :-
+op_result(stats, json([workers-W, idle-I, app_slots-S, apps-A, app_modules-AM, atoms-At,
+                        largest_thread_stack-St])) :-
+    aggregate_all(max(B), ( thread_property(T, status(running)),
+                            catch(thread_statistics(T, stack, B), _, fail) ), St0),
+    (   number(St0) -> St = St0 ; St = 0 ),
     flag(cod_workers, W, W),
     flag(cod_idle, I, I),
     setting(app_slots, S),
