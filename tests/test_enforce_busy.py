@@ -46,6 +46,23 @@ def test_spinner_found_within_its_window_sleeper_ignored(spawn, window):
     assert found.last_cpu in found.cpus
 
 
+def test_spinners_sharing_one_cpu_are_each_busy_by_what_they_wait_for(spawn):
+    """Four spinners on one CPU each get a quarter of it (under a 0.5 threshold) but want a whole
+    core: their run-queue wait counts, so each is reported, with the demand it has."""
+    hogs = [spawn(1, "spin") for _ in range(4)]
+    for h in hogs:
+        for tid in h.tids:
+            os.sched_setaffinity(tid, CPUS[-1:])
+    det = BusyDetector(threshold=0.5, window=2, always_scan=True)
+    run(det, 5)
+    found = {b.pid: b for b in det.sample()}
+    for h in hogs:
+        assert h.pid in found, (h.pid, found)
+        assert found[h.pid].cpu >= 0.5
+    # what they got is a quarter each: the CPU time alone would have hidden them
+    assert all(found[h.pid].cpu <= 1.5 for h in hogs)
+
+
 def test_registered_pids_and_self_are_never_reported(spawn):
     hog = spawn(1, "spin")
     registered = {hog.pid}

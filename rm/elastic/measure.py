@@ -29,7 +29,7 @@ from cod.rm.enforce import procfs
 from cod.rm.enforce.livestate import numa_bytes
 
 from .group import Member
-from .taskstats import TaskstatsReader, schedstat_delay_ns
+from .taskstats import TaskstatsReader
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 BASE_PAGE = 4096
@@ -162,7 +162,7 @@ class GroupMeter:
                 d = self.taskstats.tgid(pid)
                 ns = None if d is None else d.delay_ns
             else:
-                ns = schedstat_delay_ns(pid, self.proc)
+                ns = procfs.schedstat_delay_ns(pid, self.proc)
             if ns is not None:
                 values[pid] = (ns, by_pid[pid].start, by_pid[pid].ppid)
         return self._delay.update(values, absorbed=False) / 1e9

@@ -12,7 +12,7 @@ read are decoded here with `struct` because pyroute2's request path costs
 ~10 us this way (tests check our decoding against pyroute2's).  The struct's
 leading fields are a fixed ABI (``include/uapi/linux/taskstats.h``: new
 fields are only ever appended).  The query needs CAP_NET_ADMIN; without it `open_reader` returns None and the
-caller falls back to `schedstat_delay_ns` (live threads only).
+caller falls back to `procfs.schedstat_delay_ns` (live threads only).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from cod.rm.enforce import procfs
 
 log = logging.getLogger("cod.rm.elastic")
 
@@ -123,17 +122,3 @@ def open_reader() -> TaskstatsReader | None:
     except Exception as err:  # no pyroute2 family, EPERM without CAP_NET_ADMIN, ...
         log.info("taskstats unavailable (%s); run-queue delay from /proc/PID/task/*/schedstat", err)
         return None
-
-
-def schedstat_delay_ns(pid: int, proc: str = procfs.PROC) -> int | None:
-    """Run-queue wait of ``pid``'s live threads (``/proc/PID/task/TID/schedstat`` field 2)."""
-    total = 0
-    tids = procfs.thread_ids(pid, proc)
-    if not tids:
-        return None
-    for tid in tids:
-        try:
-            total += int(procfs.read_small(f"{proc}/{pid}/task/{tid}/schedstat").split()[1])
-        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-            continue
-    return total

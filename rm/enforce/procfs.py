@@ -115,6 +115,20 @@ def thread_names(pid: int, proc: str = PROC) -> dict[int, str]:
     return names
 
 
+def schedstat_delay_ns(pid: int, proc: str = PROC) -> int | None:
+    """Run-queue wait of ``pid``'s live threads (``/proc/PID/task/TID/schedstat`` field 2)."""
+    total = 0
+    tids = thread_ids(pid, proc)
+    if not tids:
+        return None
+    for tid in tids:
+        try:
+            total += int(read_small(f"{proc}/{pid}/task/{tid}/schedstat").split()[1])
+        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+            continue
+    return total
+
+
 def pids(proc: str = PROC) -> list[int]:
     return [int(n) for n in os.listdir(proc) if n.isdigit()]
 
