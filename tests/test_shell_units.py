@@ -11,7 +11,7 @@ from cod.cli.shell.answers import AnswerStream
 from cod.cli.shell.errors import caret_lines, describe, sentence
 from cod.cli.shell.explain import explain_task, explanation_lines
 from cod.cli.shell.predicates import clause_indicator, module_exports, system_predicates
-from cod.cli.shell.render import allocation_matrix
+from cod.cli.shell.render import allocation_matrix, plan_view
 from cod.cli.shell.statements import Command, Query, full_stops, is_complete, parse_command, split
 from cod.cli.shell.terms import clause_text, solution_text, term_text
 from cod.cli.shell.topology import TOPOLOGY_QUERY, cpu_groups, machine_from_answer
@@ -303,3 +303,15 @@ def test_unknown_procedure_that_is_a_command_hints_the_prefix() -> None:
 ])
 def test_sentence(raw: str, text: str) -> None:
     assert sentence(raw) == text
+
+
+@pytest.mark.parametrize("plan, says", [
+    ({"solver": "greedy", "status": "optimal", "solve_ms": 0.3, "proof": "greedy = waterfill bound"},
+     "Proven optimal: greedy = waterfill bound."),
+    ({"solver": "cpsat", "status": "optimal", "solve_ms": 5.0}, "CP-SAT proved this allocation optimal."),
+    ({"solver": "greedy", "status": "fallback", "solve_ms": 1.0, "proof": "cpsat: no solution in time"},
+     "the greedy allocator answered"),
+])
+def test_plan_view_says_how_the_plan_was_proven(plan, says):
+    text = "\n".join(str(line) for line in plan_view(plan, {"epoch": 3, "tasks": []}))
+    assert says in text and "Epoch 3" in text

@@ -224,7 +224,8 @@ def plan_view(plan: dict[str, Any], listing: dict[str, Any]) -> list[Any]:
     lines = [
         Text(f"Epoch {listing.get('epoch', plan.get('epoch'))}: plan by {plan['solver']}, {plan.get('status')}, "
              f"in {plan.get('solve_ms')} ms.", style="bold"),
-        Text({"optimal": "CP-SAT proved this allocation optimal.",
+        Text({"optimal": (f"Proven optimal: {plan['proof']}." if plan.get("proof")
+                          else "CP-SAT proved this allocation optimal."),
               "feasible": "CP-SAT stopped at its time limit with a solution it could not prove optimal.",
               "fallback": "CP-SAT stopped at its time limit without a solution; the greedy allocator answered."}
              .get(str(plan.get("status")), "")),
