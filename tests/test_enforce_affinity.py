@@ -154,6 +154,28 @@ def test_a_new_thread_that_pinned_itself_keeps_its_core(kind, state_dir, spawn):
 
 @two_cpus
 @pytest.mark.parametrize("kind", BACKENDS)
+def test_a_new_thread_inside_the_tasks_cpus_gets_no_write_at_all(kind, state_dir, spawn, monkeypatch):
+    """Reading a new thread's inherited mask and then writing the task's mask raced with the
+    program pinning the thread in between (a scan thread's first act), undoing its pin: a thread
+    already inside the task's CPUs must get no sched_setaffinity at all."""
+    a, b = CPUS[0], CPUS[1]
+    task = spawn(1, "sleep")
+    enf = make(kind, state_dir)
+    try:
+        enf.apply("db", [task.pid], [a, b], [0])
+        tid = task.spawn_thread()  # inherits the task's CPUs
+        writes: list[int] = []
+        real = os.sched_setaffinity
+        monkeypatch.setattr(os, "sched_setaffinity", lambda t, cpus: (writes.append(t), real(t, cpus))[1])
+        assert enf.add_thread("db", tid) is True
+        assert tid not in writes and cpus_allowed(task.pid, tid) == (a, b)
+    finally:
+        monkeypatch.undo()
+        enf.close()
+
+
+@two_cpus
+@pytest.mark.parametrize("kind", BACKENDS)
 def test_release_restores_each_threads_original_mask(kind, state_dir, spawn):
     task = spawn(3, "sleep")
     special = task.tids[1]

@@ -278,17 +278,22 @@ class RecordingEnforcer:
         self.state.save()
 
     def _add_thread(self, task: str, tid: int) -> bool:
-        return set_thread_affinity(tid, self._new_thread_mask(task, tid), self.proc)
+        return self._place_new_thread(task, tid)
 
-    def _new_thread_mask(self, task: str, tid: int) -> tuple[int, ...]:
-        """A new thread's mask: its own placement when it already has one inside the task's
-        CPUs (it pinned itself before the RM saw it: decision 14), else the task's CPUs."""
+    def _place_new_thread(self, task: str, tid: int) -> bool:
+        """Give a new thread the task's CPUs, unless its mask already lies inside them (decision
+        14): then it is left alone, with no write at all, because the program may be pinning it
+        at this very moment (CSCS pins each scan thread as it starts; a write of the whole task
+        mask after reading the inherited one undid that pin).  False when the thread is gone."""
         cpus = self.cpus[task]
         try:
-            kept = own_placement(tuple(os.sched_getaffinity(tid)), cpus, cpus)
+            if set(os.sched_getaffinity(tid)) <= set(cpus):
+                return True
+        except ProcessLookupError:
+            return False
         except OSError:
-            kept = None
-        return kept if kept is not None else cpus
+            pass  # not readable: set it
+        return set_thread_affinity(tid, cpus, self.proc)
 
     def pin_threads(self, task: str, targets: Mapping[int, Sequence[int]]) -> list[int]:
         """Narrow threads of ``task`` to subsets of its CPUs; the tids pinned (gone ones are skipped).

@@ -19,7 +19,7 @@ import platform
 from collections.abc import Mapping, Sequence
 
 from . import procfs
-from .affinity import TASK_NAME, RecordingEnforcer, cgroup_dir_name, pin_process, set_thread_affinity
+from .affinity import TASK_NAME, RecordingEnforcer, cgroup_dir_name, pin_process
 from .cgroupfs import CpusetMount, move_into, process_cgroup
 from .errors import EnforceError
 from .state import ProcRecord
@@ -197,7 +197,7 @@ class CpusetEnforcer(RecordingEnforcer):
         # Threads are born in their creator's cgroup; this covers one moved out meanwhile.
         if self.version == 1 and not self._move(self.task_dir(task), tid):
             return False
-        return set_thread_affinity(tid, self._new_thread_mask(task, tid), self.proc)
+        return self._place_new_thread(task, tid)
 
     def _restore_proc(self, pid: int, rec: ProcRecord) -> bool:
         if not procfs.same_process(pid, rec.start, self.proc):
