@@ -11,7 +11,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ import pytest
 from cod.client import Client
 from helpers import cscs_ref
 from helpers.procs import needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
+from helpers.waiting import wait_until
 from test_cscs_engine import ALLOWED, LiveEngine, cpulist, pinned_threads, two_cpus
 from test_integration_rm import enforcing_daemon
 from test_rm_support import start_daemon
@@ -42,14 +42,6 @@ def count(lines: list[str], needle: str) -> int:
 
 def threads_of(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/task"))
-
-
-def wait_until(check, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (got := check()):
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-    return got
 
 
 @two_cpus

@@ -194,4 +194,3 @@ def test_no_reader_sees_half_an_allocation(tmp_path, spawn):
         assert len(seen) > 10, "the allocation was republished while the reader read"
     finally:
         d.stop()
-

@@ -37,8 +37,9 @@ Threads, and why:
     facts and procedures), one at a time, each in transaction/1: readers
     never see half a change, and a change that fails leaves nothing.
   - workers (a pool that grows on demand up to max_threads, and shrinks
-    back to min_workers when idle): queries and other reads.  Each query runs in snapshot/1 under its own time,
-    inference and stack limits; a runaway query costs its own thread only.
+    back to min_workers when idle): queries and other reads.  Each query
+    runs in snapshot/1 under its own time, inference and stack limits; a
+    runaway query costs its own thread only.
   - direct channel: an acceptor and one thread per connection
     (cod_direct.pl), under the same limits and per-application slots.
 
