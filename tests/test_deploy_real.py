@@ -64,22 +64,29 @@ def test_profile_deploy_and_pin_named_operator_threads(exe):
             ops.go()
             time.sleep(0.5)
             # The paper profiles on an otherwise idle machine.  On a shared host, a
-            # window in which other processes kept more than half a CPU busy measures
-            # the host, not the threads: it is discarded rather than judged (for up to
-            # a minute and a half; a dedicated CI machine takes the first window).
+            # window in which other processes kept more than half a CPU busy may measure
+            # the host, not the threads: such a window is put aside and another taken (for
+            # up to a minute and a half; a dedicated CI machine takes the first window).
+            # If none is quiet, the quietest is judged: the threads are handed fixed work
+            # and catch up when they fall behind, so they still show their duty unless the
+            # host leaves them less than they need, and the RAV check below says so.
             deadline = time.monotonic() + 90
+            best = None
             while True:
                 before = host_and_own_busy(ops.pid)
                 window = measure(ops.pid, 2.0)
                 others = others_cpus(before, host_and_own_busy(ops.pid), window.seconds)
+                if best is None or others < best[0]:
+                    best = (others, window)
                 if others < 0.5 or time.monotonic() > deadline:
                     break
-            assert others < 0.5, f"the host stayed busy with other work ({others:.2f} CPUs) for 90 s"
+            others, window = best
             graph = to_graph(window, threads=NAMES)
             measured = {o["id"]: o["cpu_util"] for o in graph["operators"]}
             assert set(measured) == set(DUTIES)
             for name, duty in DUTIES.items():  # each RAV within 5 percentage points
-                assert abs(measured[name] - duty) <= 0.05, (name, measured[name], duty)
+                assert abs(measured[name] - duty) <= 0.05, (name, measured[name], duty,
+                                                            f"other work kept {others:.2f} CPUs busy")
 
             machine = sysfs.discover("/")
             plan = deploy(parse_graph(graph), machine)
