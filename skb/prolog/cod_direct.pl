@@ -93,6 +93,16 @@ revoke_token(Token) :-
     forall(conn_token(Thread, Token),
            catch(thread_signal(Thread, throw(cod_revoked)), _, true)).
 
+%   not_revoked(+E): rethrow E if it is a revocation.  It arrives as an
+%   asynchronous exception (thread_signal/2 above), so it can land inside
+%   any catch/3 of a connection's thread; there it must end the session,
+%   never become the error of the request being read or answered.
+not_revoked(E) :-
+    (   E == cod_revoked
+    ->  throw(E)
+    ;   true
+    ).
+
 accept_loop(AcceptFd) :-
     repeat,
     catch(tcp_accept(AcceptFd, Socket, _Peer), E, (print_message(warning, E), fail)),
@@ -189,10 +199,14 @@ read_body(In, Size, Body) :-
         free_memory_file(MF)).
 
 parse_request(Body, Outcome) :-
-    (   catch(atom_json_dict(Body, Dict, [value_string_as(string), tag('')]), E, true),
-        var(E)
+    (   catch(atom_json_dict(Body, Dict, [value_string_as(string), tag('')]), E, true)
+    ->  true
+    ;   E = failed
+    ),
+    (   var(E)
     ->  request_parts(Dict, Outcome)
-    ;   Outcome = error(null, -32700, "frame is not UTF-8 JSON")
+    ;   not_revoked(E),
+        Outcome = error(null, -32700, "frame is not UTF-8 JSON")
     ).
 
 request_parts(Dict, Outcome) :-
@@ -332,7 +346,8 @@ send_result(Out, Id, Result) :-
     ;   true
     ),
     (   nonvar(TooBig)
-    ->  send_engine_error(Out, Id, TooBig)
+    ->  not_revoked(TooBig),
+        send_engine_error(Out, Id, TooBig)
     ;   send_written(Out, Id, Result)
     ).
 
@@ -343,7 +358,7 @@ send_written(Out, Id, Result) :-
                                write_direct_result(Result),
                                write('}') )),
               E, true)
-    ->  (   var(E) -> true ; send_engine_error(Out, Id, E) )
+    ->  (   var(E) -> true ; not_revoked(E), send_engine_error(Out, Id, E) )
     ;   true
     ).
 

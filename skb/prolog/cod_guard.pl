@@ -108,6 +108,7 @@ reserved_exception(time_limit_exceeded(_)).
 reserved_exception(inference_limit_exceeded).
 reserved_exception('$aborted').
 reserved_exception(unwind(_)).
+reserved_exception(cod_revoked).    % the capability ended (cod_direct.pl)
 
 %!  denied_reason(?Name, ?Arity, ?Reason) is nondet.
 %
