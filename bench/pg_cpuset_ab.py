@@ -21,10 +21,10 @@ import sys
 import time
 from collections.abc import Callable
 
+from cod.rm.enforce.cgroupfs import find_cpuset_mount, move_into, remove_cgroup
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from helpers.postgres import Postgres  # noqa: E402
-
-CPUSET_ROOT = "/sys/fs/cgroup/cpuset"
 
 
 def run_pgbench(pg: Postgres, during: Callable[[], None] | None = None) -> float:
@@ -42,12 +42,8 @@ def run_pgbench(pg: Postgres, during: Callable[[], None] | None = None) -> float
 
 
 def move(pg: Postgres, cgroup: str) -> None:
-    for pid in pg.server_pids():
-        try:
-            with open(os.path.join(cgroup, "tasks"), "w") as f:
-                f.write(str(pid))
-        except OSError:
-            pass  # a backend that just exited
+    for pid in pg.server_pids():  # single-threaded processes: the pid is the one thread
+        move_into(cgroup, pid)  # False for a backend that just exited
 
 
 def write(path: str, value: str) -> None:
@@ -56,15 +52,19 @@ def write(path: str, value: str) -> None:
 
 
 def main() -> None:
+    mount = find_cpuset_mount()
+    if mount is None or mount.version != 1:
+        sys.exit("pg_cpuset_ab: needs the cgroup v1 cpuset hierarchy (and root)")
+    root = mount.path
     cpus = sorted(os.sched_getaffinity(0))
-    cgroup = os.path.join(CPUSET_ROOT, f"cod_ab_{os.getpid()}")
+    cgroup = os.path.join(root, f"cod_ab_{os.getpid()}")
     result: dict = {"loadavg_before": os.getloadavg(), "cpus": cpus, "root": [], "cpuset": []}
     pg = Postgres()
     pg.start()
     try:
         pg.pgbench(["-i", "-s", "10", "-q"])
         os.mkdir(cgroup)
-        with open(os.path.join(CPUSET_ROOT, "cpuset.mems")) as f:
+        with open(os.path.join(root, "cpuset.mems")) as f:
             write(os.path.join(cgroup, "cpuset.mems"), f.read().strip())
 
         def grow() -> None:
@@ -78,13 +78,12 @@ def main() -> None:
                     move(pg, cgroup)
                     result[config].append(run_pgbench(pg, grow))
                 else:
-                    move(pg, CPUSET_ROOT)
+                    move(pg, root)
                     result[config].append(run_pgbench(pg))
     finally:
-        move(pg, CPUSET_ROOT)
+        move(pg, root)
         pg.stop()
-        if os.path.isdir(cgroup):
-            os.rmdir(cgroup)
+        remove_cgroup(cgroup, evict_to=root)
     result["ratio_cpuset_to_root_median"] = round(statistics.median(result["cpuset"])
                                                   / statistics.median(result["root"]), 3)
     result["loadavg_after"] = os.getloadavg()
