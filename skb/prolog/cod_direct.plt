@@ -11,33 +11,32 @@
 test(revocation_during_a_parse_ends_the_session) :-
     length(Pad, 200000), maplist(=(0'x), Pad),
     format(string(Body), '{"jsonrpc":"2.0","id":1,"method":"ping","params":{"pad":"~s"}}', [Pad]),
-    thread_self(Me),
-    thread_create(( thread_send_message(Me, parsing),
-                    for_five_seconds(( cod_direct:parse_request(Body, Outcome),
-                                       Outcome = request(1, "ping", _) )) ),
-                  Parser, []),
-    thread_get_message(parsing),
-    sleep(0.05),
-    thread_signal(Parser, throw(cod_revoked)),
-    thread_join(Parser, Status),
+    revoked_during(( cod_direct:parse_request(Body, Outcome),
+                     Outcome = request(1, "ping", _) ),
+                   Status),
     assertion(Status == exception(cod_revoked)).
 
 %   The same for the checks of a reply and its writing.
 test(revocation_while_a_reply_is_written_ends_the_session, [setup(default_options)]) :-
-    thread_self(Me),
     numlist(1, 2000, Ns),
     findall([x-N], member(N, Ns), Solutions),
     open_null_stream(Null),
     set_stream(Null, type(binary)),
-    thread_create(( thread_send_message(Me, replying),
-                    for_five_seconds(cod_direct:send_result(Null, 1, answer(answer(Solutions, false, 0)))) ),
-                  Replier, []),
-    thread_get_message(replying),
-    sleep(0.05),
-    thread_signal(Replier, throw(cod_revoked)),
-    thread_join(Replier, Status),
+    revoked_during(cod_direct:send_result(Null, 1, answer(answer(Solutions, false, 0))), Status),
     close(Null),
     assertion(Status == exception(cod_revoked)).
+
+%   revoked_during(:Goal, -Status): run Goal again and again in a thread of
+%   its own, revoke it as revoke_token/1 does once it is well under way, and
+%   give the thread's exit status: exception(cod_revoked) when the
+%   revocation ended it, true or false when Goal swallowed it.
+revoked_during(Goal, Status) :-
+    thread_self(Me),
+    thread_create(( thread_send_message(Me, started), for_five_seconds(Goal) ), Thread, []),
+    thread_get_message(started),
+    sleep(0.05),
+    thread_signal(Thread, throw(cod_revoked)),
+    thread_join(Thread, Status).
 
 %   for_five_seconds(:Goal): run Goal again and again for five seconds, or
 %   until it fails (a revocation swallowed by the code under test must end
