@@ -56,7 +56,7 @@ CASES = [
     ("X = ", {}, (KnowledgeBaseError, "syntax_error", "syntax error")),
     ("repeat, sleep(0.01), fail", {"timeout_s": 0.3}, (KnowledgeBaseError, "timeout", "time limit")),
     ("repeat, fail", {}, (KnowledgeBaseError, "resource", "inference limit")),
-    ("format(atom(A), '~*c', [2000000, 0'x])", {}, (KnowledgeBaseError, "resource", "too large")),
+    ("numlist(1, 300000, L)", {}, (KnowledgeBaseError, "resource", "too large")),  # over the 1 MB frame
 ]
 
 

@@ -216,6 +216,6 @@ def test_a_memory_bomb_costs_a_restart_not_the_state():
         engine.add_facts("victim", ["kept(1)"])
         # Atoms live outside the stacks: 1 MB doubled eleven times is 4 GB of atoms, held by variables.
         with pytest.raises(SKBError) as err:
-            engine.execute_query("bomber", "format(atom(A0), '~*c', [1000000, 0'x]), atom_concat(A0, A0, A1), atom_concat(A1, A1, A2), atom_concat(A2, A2, A3), atom_concat(A3, A3, A4), atom_concat(A4, A4, A5), atom_concat(A5, A5, A6), atom_concat(A6, A6, A7), atom_concat(A7, A7, A8), atom_concat(A8, A8, A9), atom_concat(A9, A9, A10), atom_concat(A10, A10, A11)")
+            engine.execute_query("bomber", "format(atom(K0), '~*c', [1000, 0'x]), atom_concat(K0, K0, K1), atom_concat(K1, K1, K2), atom_concat(K2, K2, K3), atom_concat(K3, K3, K4), atom_concat(K4, K4, K5), atom_concat(K5, K5, K6), atom_concat(K6, K6, K7), atom_concat(K7, K7, K8), atom_concat(K8, K8, K9), atom_concat(K9, K9, K10), A0 = K10, atom_concat(A0, A0, A1), atom_concat(A1, A1, A2), atom_concat(A2, A2, A3), atom_concat(A3, A3, A4), atom_concat(A4, A4, A5), atom_concat(A5, A5, A6), atom_concat(A6, A6, A7), atom_concat(A7, A7, A8), atom_concat(A8, A8, A9), atom_concat(A9, A9, A10), atom_concat(A10, A10, A11)")
         assert err.value.code in ("resource", "engine"), err.value
         assert engine.execute_query("victim", "kept(X)") == [{"X": 1}]
