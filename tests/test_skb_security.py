@@ -280,6 +280,8 @@ def test_a_loop_inside_an_exceptions_format_does_not_spin_a_worker(skb):
     ("format(atom(A), '~W', [{shell}, [portray_goal(call)]])", "~W"),
     ("term_string({shell}, S, [portray_goal(call)])", "portray_goal"),
     ("format(atom(A), '~w', [x]), format(F, [{shell}])", "format"),
+    ('sformat(S, "~@", [{shell}])', "sformat/3"),
+    ('findall(S, format(atom(S), "~@", [{shell}]), L)', "~@"),
 ])
 def test_no_route_to_an_unchecked_format(skb, tmp_path, goal, needle):
     marker, pid = tmp_path / "pwned", skb.pid

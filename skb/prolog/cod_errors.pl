@@ -347,7 +347,7 @@ guard_text(format_string(F), T) :-
     format(string(T), 'the format string must be written in the goal, as text the SKB can check: ~s', [FS]).
 guard_text(write_option(O), T) :-
     q(O, OS),
-    format(string(T), 'the write option ~s is not allowed (options must be a list written in the goal, of quoted, ignore_ops, max_depth, numbervars and variable_names)', [OS]).
+    format(string(T), 'the write option ~s is not allowed (options must be a list written in the goal, of quoted, ignore_ops, max_depth, numbervars, variable_names and other options that only change the layout)', [OS]).
 guard_text(statistics_key(K), T) :-
     q(K, KS),
     format(string(T), 'the key ~s is not allowed: an application may read only its own cputime, inferences, runtime, walltime or real_time', [KS]).
