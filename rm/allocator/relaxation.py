@@ -47,59 +47,66 @@ def relaxation(
             usage[t.name] = X[t.name]
         load.append(usage[t.name])
     m.add(sum(load) <= total)
-    # C5 in aggregate: every domain is "clean" (cache-sensitive tasks may go
-    # there), "polluted" (plain polluters may), or owned by one task that both
-    # pollutes and is cache-sensitive (it may share with neither kind).
-    polluters = [t for t in tasks if t.pollutes_cache and "cache" not in t.sensitive]
-    sensitive = [t for t in tasks if "cache" in t.sensitive and not t.pollutes_cache]
-    isolated = [t for t in tasks if t.pollutes_cache and "cache" in t.sensitive]
-    if isolated or (polluters and sensitive):
-        cap = [0] * view.n_domains
-        for g in view.classes:
-            cap[g.domain] += g.size
-        kinds = ["clean", "polluted"] + [t.name for t in isolated]
-        # Domains of equal size are interchangeable here: count them per kind
-        # (an integer per size and kind, not a boolean per domain and kind:
-        # no symmetric solutions; 24 domains of one size -> 3 integers).
-        sizes: dict[int, int] = {}
-        for d in range(view.n_domains):
-            sizes[cap[d]] = sizes.get(cap[d], 0) + 1
-        kind = {(z, k): m.new_int_var(0, n, f"kind{z}_{k}") for z, n in sizes.items() for k in kinds}
-        for z, n in sizes.items():
-            m.add(sum(kind[z, k] for k in kinds) == n)
-
-        def room(k: str) -> cp_model.LinearExprT:
-            return sum(z * kind[z, k] for z in sizes)
-
-        sub_pools: list[cp_model.LinearExprT] = []
-
-        def demand(group: list[TaskSpec], label: str) -> cp_model.LinearExprT:
-            # exclusive tasks add up; shareable ones may share one pool
-            out = sum(usage[t.name] for t in group if t.exclusive)
-            shared_here = [t for t in group if not t.exclusive]
-            if shared_here:
-                sub_pool = m.new_int_var(0, total, f"pool_{label}")
-                for t in shared_here:
-                    m.add(X[t.name] <= sub_pool)
-                sub_pools.append(sub_pool)
-                out += sub_pool
-            return out
-
-        m.add(demand(sensitive, "clean") <= room("clean"))
-        m.add(demand(polluters, "polluted") <= room("polluted"))
-        for t in isolated:
-            m.add(X[t.name] <= room(t.name))
-            if not t.exclusive:
-                sub_pools.append(X[t.name])
-        if len(sub_pools) > 1:
-            # the pool's PUs in clean, polluted and isolated domains are disjoint
-            m.add(pool >= sum(sub_pools))
+    _c5_rooms(m, view, tasks, X, usage, pool)
     if all(f is not None for f in view.node_free.values()):
         unit = math.gcd(*(t.working_set_bytes for t in tasks))
         if unit:
             budget = sum(view.node_free.values()) // unit
             m.add(sum(t.working_set_bytes // unit * X[t.name] for t in tasks) <= budget)
     return m, X, pool
+
+
+def _c5_rooms(m: cp_model.CpModel, view: View, tasks: Sequence[TaskSpec], X: dict[str, cp_model.IntVar],
+              usage: dict[str, cp_model.LinearExprT], pool: cp_model.IntVar | None) -> None:
+    """C5 in aggregate: every domain is "clean" (cache-sensitive tasks may go
+    there), "polluted" (plain polluters may), or owned by one task that both
+    pollutes and is cache-sensitive (it may share with neither kind)."""
+    polluters = [t for t in tasks if t.pollutes_cache and "cache" not in t.sensitive]
+    sensitive = [t for t in tasks if "cache" in t.sensitive and not t.pollutes_cache]
+    isolated = [t for t in tasks if t.pollutes_cache and "cache" in t.sensitive]
+    if not (isolated or (polluters and sensitive)):
+        return
+    total = len(view.cpus)
+    cap = [0] * view.n_domains
+    for g in view.classes:
+        cap[g.domain] += g.size
+    kinds = ["clean", "polluted"] + [t.name for t in isolated]
+    # Domains of equal size are interchangeable here: count them per kind
+    # (an integer per size and kind, not a boolean per domain and kind:
+    # no symmetric solutions; 24 domains of one size -> 3 integers).
+    sizes: dict[int, int] = {}
+    for d in range(view.n_domains):
+        sizes[cap[d]] = sizes.get(cap[d], 0) + 1
+    kind = {(z, k): m.new_int_var(0, n, f"kind{z}_{k}") for z, n in sizes.items() for k in kinds}
+    for z, n in sizes.items():
+        m.add(sum(kind[z, k] for k in kinds) == n)
+
+    def room(k: str) -> cp_model.LinearExprT:
+        return sum(z * kind[z, k] for z in sizes)
+
+    sub_pools: list[cp_model.LinearExprT] = []
+
+    def demand(group: list[TaskSpec], label: str) -> cp_model.LinearExprT:
+        # exclusive tasks add up; shareable ones may share one pool
+        out = sum(usage[t.name] for t in group if t.exclusive)
+        shared_here = [t for t in group if not t.exclusive]
+        if shared_here:
+            sub_pool = m.new_int_var(0, total, f"pool_{label}")
+            for t in shared_here:
+                m.add(X[t.name] <= sub_pool)
+            sub_pools.append(sub_pool)
+            out += sub_pool
+        return out
+
+    m.add(demand(sensitive, "clean") <= room("clean"))
+    m.add(demand(polluters, "polluted") <= room("polluted"))
+    for t in isolated:
+        m.add(X[t.name] <= room(t.name))
+        if not t.exclusive:
+            sub_pools.append(X[t.name])
+    if len(sub_pools) > 1:
+        # the pool's PUs in clean, polluted and isolated domains are disjoint
+        m.add(pool >= sum(sub_pools))
 
 
 def relaxed_levels(
