@@ -8,9 +8,10 @@ The planner keeps one :class:`cod.rm.allocator.Allocator` (memory of its last
 answer): when the tasks differ from the last run's by one arrival or one
 departure and ``current`` is what that run returned, the allocator repairs
 its last answer and returns it only when it proves the repair optimal, else
-it runs the full solve (docs/design-allocator.md, "Incremental re-planning").
-A plan the service does not adopt (a refused admission) costs nothing: the
-next run's ``current`` differs from it, so that run is a full solve.
+it runs the full solve (docs/design-allocator.md, "In the daemon").  A plan
+the service does not adopt (a refused admission) needs no undo: the next run
+differs from it in ``current`` or in more than one task (a full solve), or
+is one change away from it (a repair, proven against that run's own input).
 """
 
 from __future__ import annotations
