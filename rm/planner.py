@@ -67,6 +67,7 @@ class Planner:
         self.solver = solver
         self.time_limit_s = time_limit_s
         self._allocator = Allocator(machine, solver=solver, time_limit_s=time_limit_s)
+        self._allocator.reset([], {})  # a daemon starts with nothing allocated: its first task is one arrival
         # one worker: the allocator's memory is touched by one thread, in the order of the calls
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cod-allocator")
 

@@ -143,7 +143,8 @@ def test_a_plan_the_service_did_not_adopt_leads_to_a_full_solve():
     async def scenario():
         planner = Planner(m, time_limit_s=TIME_LIMIT_S)
         try:
-            first = await planner.run([a], {})
+            first = await planner.run([a], {})  # a new planner: nothing allocated, so one arrival
+            assert first.proof.startswith("incremental"), first.proof
             trial = await planner.run([a, b], first.cores)  # b takes CPUs of a: not adopted
             assert set(trial.cores["a"]) < set(first.cores["a"])
             c = TaskSpec("c", min_cores=1, max_cores=2)
