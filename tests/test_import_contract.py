@@ -67,10 +67,12 @@ def test_every_module_the_contract_names_exists(graph):
 
 
 def _copy_sources(dest: Path) -> None:
+    """pyproject.toml and the Python files of every folder its package-dir maps."""
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
-    for folder in ("clients", "facts", "rm", "skb", "stored_procedures"):
-        shutil.copytree(ROOT / folder, dest / folder,
-                        ignore=lambda d, names: [n for n in names if not n.endswith(".py") and not (Path(d) / n).is_dir()])
+    for path in module_files(ROOT).values():
+        target = dest / path.relative_to(ROOT)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, target)
 
 
 def _append(path: Path, text: str) -> None:
