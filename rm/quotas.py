@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cod.skb import Limits
+from cod.skb.codec import Limits
 
 from .config import PRIORITY_MAX, PRIORITY_MIN, RMConfig
 from .registry import Registry, Usage

@@ -10,7 +10,7 @@ one at a time when a person is at the terminal and the ``answers`` setting is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from cod.client import errors as client_errors
 from cod.skb import SKBError as EngineError
@@ -85,7 +85,10 @@ def is_limit_error(err: Exception) -> bool:
 
 
 class Shell:
-    def __init__(self, backend: Backend, out: Output, *, interactive: bool = False,
+    """``commands``: name -> command (``commands.COMMANDS``, given by the caller: the commands
+    import this module, not the other way round)."""
+
+    def __init__(self, backend: Backend, out: Output, *, commands: Mapping[str, Any], interactive: bool = False,
                  settings: Settings | None = None) -> None:
         self.backend = backend
         self.out = out
@@ -93,9 +96,7 @@ class Shell:
         self.settings = settings or Settings()
         self.read_key: Callable[[], str] | None = None  # set by the interactive front end
         self.done = False  # :quit
-        from .commands import COMMANDS
-
-        self.commands = COMMANDS
+        self.commands = commands
         self._machine = None
 
     # ---- the machine (cached: hardware does not change under a running daemon) ----
