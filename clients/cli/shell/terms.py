@@ -14,6 +14,8 @@ import math
 import re
 from typing import Any
 
+from cod.protocol.errors import CodError
+
 _PLAIN_ATOM = re.compile(r"[a-z][a-zA-Z0-9_]*\Z")
 _SYMBOL_ATOM = re.compile(r"[#$&*+\-./:<=>?@^~\\]+\Z")
 _SOLO = frozenset({"[]", "!", ";", "{}", "|"})
@@ -174,7 +176,7 @@ _TOKEN = re.compile(r"""
 """, re.X)
 
 
-class CanonicalError(ValueError):
+class CanonicalError(CodError, ValueError):
     pass
 
 
