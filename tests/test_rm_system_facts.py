@@ -66,3 +66,26 @@ def test_a_real_skb_stores_the_facts_and_answers_with_the_names_as_given() -> No
         assert skb.remove_system_facts(allocated_fact("x), halt, (y", ANY)) == 1
         assert skb.remove_system_facts(task_fact(ANY, ANY, ANY)) == len(names)
         assert len(skb.execute_query("t", "allocated(N, C)")) == len(names) - 1
+
+
+NAMES = ["scan", "Scan 1", "it's", "a\\b", "数据库", "q-1", "_x"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_constructors_write_what_the_daemon_wrote_with_f_strings(name: str) -> None:
+    """The text of rm/service.py's and rm/monitor.py's f-strings (before they use these
+    constructors), so switching them over changes no byte the SKB receives."""
+    from cod.protocol.prolog_text import atom, term
+
+    assert task_fact(name, 12, "db") == f"task({atom(name)}, {12}, {atom('db')})"
+    assert task_property_fact(name, "cpus", [1, 2]) == f"task_property({atom(name)}, cpus, {term([1, 2])})"
+    assert task_fact(name, ANY, ANY) == f"task({atom(name)}, _, _)"
+    assert task_property_fact(name, ANY, ANY) == f"task_property({atom(name)}, _, _)"
+    assert other_task_fact(7, name, (0, 3)) == f"other_task({7}, {atom(name)}, {term(list((0, 3)))})"
+    assert allocated_fact(name, 3) == f"allocated({atom(name)}, {3})"
+    assert allocated_fact(name, ANY) == f"allocated({atom(name)}, _)"
+    assert allocation_epoch_fact(9) == f"allocation_epoch({9})"
+    assert cpu_load_fact(1, 55) == f"cpu_load({1}, {55})"
+    assert numa_free_fact(0, 1 << 30) == f"numa_free({0}, {1 << 30})"
+    assert task_cpu_use_fact(name, 120) == f"task_cpu_use({atom(name)}, {120})"
+    assert task_numa_pages_fact(name, 1, 64) == f"task_numa_pages({atom(name)}, {1}, {64})"
