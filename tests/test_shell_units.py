@@ -13,7 +13,7 @@ from cod.cli.shell.explain import explain_task, explanation_lines
 from cod.cli.shell.predicates import clause_indicator, module_exports, system_predicates
 from cod.cli.shell.render import allocation_matrix, plan_view
 from cod.cli.shell.statements import Command, Query, full_stops, is_complete, parse_command, split
-from cod.cli.shell.terms import clause_text, solution_text, term_text
+from cod.protocol.prolog_text import clause_text, solution_text, term_text
 from cod.cli.shell.topology import TOPOLOGY_QUERY, cpu_groups, machine_from_answer
 from cod.facts import hwloc_xml, machines
 from cod.skb import SKB, SKBError

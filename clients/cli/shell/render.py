@@ -267,7 +267,7 @@ def facts_summary_view(counts: dict[str, int], derived: list[str], app_rows: lis
 
 
 def procedures_view(result: dict[str, Any], library: list[str]) -> list[Any]:
-    from .terms import clause_text
+    from cod.protocol.prolog_text import clause_text
 
     items: list[Any] = [Text(f"Procedures of application {result.get('app')}:", style="bold")]
     procs = result.get("procedures") or []

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from cod.client import errors as client_errors
+from cod.protocol.prolog_text import solution_text
 from cod.skb import SKBError as EngineError
 
 from .answers import MAX_SOLUTIONS, AnswerStream
@@ -20,7 +21,6 @@ from .backend import Backend
 from .errors import STATUS_ERROR, STATUS_FALSE, STATUS_OK, Problem, ShellError, describe
 from .output import Output
 from .statements import Command, Query, Statement
-from .terms import solution_text
 
 DEFAULT_TIMEOUT_S = 5.0  # the SKB's and the daemon's default query time limit
 

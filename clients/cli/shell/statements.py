@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cod.protocol.errors import CodError
+
 COMMAND_PREFIX = ":"
 SYMBOL_CHARS = frozenset("#$&*+-./:<=>?@^~\\")
 
@@ -37,7 +39,7 @@ class Query:
 Statement = Command | Query
 
 
-class Unterminated(ValueError):
+class Unterminated(CodError, ValueError):
     """A script ends inside a quoted item or a block comment."""
 
 
