@@ -307,10 +307,14 @@ def test_sentence(raw: str, text: str) -> None:
 
 @pytest.mark.parametrize("plan, says", [
     ({"solver": "greedy", "status": "optimal", "solve_ms": 0.3, "proof": "greedy = waterfill bound"},
-     "Proven optimal: greedy = waterfill bound."),
-    ({"solver": "cpsat", "status": "optimal", "solve_ms": 5.0}, "CP-SAT proved this allocation optimal."),
+     "optimal in 0.30 ms: the greedy allocation reached the waterfill bound, which proves it optimal, "
+     "so CP-SAT's search was not needed."),
+    ({"solver": "cpsat", "status": "optimal", "solve_ms": 5.0, "proof": "count model = relaxation bound"},
+     "optimal in 5.00 ms: CP-SAT's count model reached the bound of the relaxed model, which proves it optimal."),
     ({"solver": "greedy", "status": "fallback", "solve_ms": 1.0, "proof": "cpsat: no solution in time"},
-     "the greedy allocator answered"),
+     "CP-SAT found no solution within its time limit, so the greedy allocation is used"),
+    ({"solver": "cpsat", "status": "optimal", "solve_ms": 2.0, "proof": "something new"},
+     "optimal in 2.00 ms: found by cpsat (something new)."),
 ])
 def test_plan_view_says_how_the_plan_was_proven(plan, says):
     text = "\n".join(str(line) for line in plan_view(plan, {"epoch": 3, "tasks": []}))

@@ -19,6 +19,7 @@ from rich.text import Text
 from cod.facts.cpulist import format_cpulist
 from cod.facts.model import Machine
 
+from ..plan_words import plan_sentence
 from .explain import cpus_text, explanation_lines
 from .topology import cpu_groups
 
@@ -119,7 +120,11 @@ def allocation_view(machine: Machine, listing: dict[str, Any], width: int) -> li
     head = Text(f"Allocation on {machine.name}, epoch {listing.get('epoch')}", style="bold")
     if plan.get("solver") not in (None, "none"):
         head.append(f": plan by {plan['solver']} ({plan.get('status')}, {plan.get('solve_ms')} ms)")
-    items: list[Any] = [head, Text("")]
+    items: list[Any] = [head]
+    if plan.get("solver") not in (None, "none"):
+        items.append(Text(plan_sentence(plan.get("status"), plan["solver"], plan.get("proof"), plan.get("solve_ms")),
+                          style="dim"))
+    items.append(Text(""))
     items += allocation_matrix(machine, listing, width)
     node_of = {p.id: p.numa_node for p in machine.pus}
     for t in tasks:
@@ -222,13 +227,9 @@ def plan_view(plan: dict[str, Any], listing: dict[str, Any]) -> list[Any]:
             "This SKB records no plan (plans are made by the daemon)."
         return [Text(first)]
     lines = [
-        Text(f"Epoch {listing.get('epoch', plan.get('epoch'))}: plan by {plan['solver']}, {plan.get('status')}, "
-             f"in {plan.get('solve_ms')} ms.", style="bold"),
-        Text({"optimal": (f"Proven optimal: {plan['proof']}." if plan.get("proof")
-                          else "CP-SAT proved this allocation optimal."),
-              "feasible": "CP-SAT stopped at its time limit with a solution it could not prove optimal.",
-              "fallback": "CP-SAT stopped at its time limit without a solution; the greedy allocator answered."}
-             .get(str(plan.get("status")), "")),
+        Text(f"Epoch {listing.get('epoch', plan.get('epoch'))}: plan by {plan['solver']}, "
+             f"{plan_sentence(plan.get('status'), plan['solver'], plan.get('proof'), plan.get('solve_ms'))}",
+             style="bold"),
     ]
     unavailable = plan.get("unavailable") or []
     lines.append(Text(f"CPUs kept free for unregistered busy processes: {cpus_text(unavailable)}."))
