@@ -17,6 +17,9 @@ APT_PACKAGES += libjansson-dev pkg-config valgrind clang libclang-rt-dev
 # CSCS (clients/cscs): libnuma for partition placement.
 APT_PACKAGES += libnuma-dev
 PYTEST_ARGS ?=
+# setuptools says at every editable install that a folder named like a package may shadow it
+# (a BuildBackendWarning of ten lines): true of any editable install, and nothing to act on here.
+EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
 .PHONY: setup deps demo test bench clean cclient
 
@@ -40,7 +43,7 @@ $(STAMP): pyproject.toml
 	  if [ "$$(id -u)" -eq 0 ]; then SUDO=""; else SUDO=sudo; fi; \
 	  $$SUDO apt-get install -y -q python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[test]'
+	$(EDITABLE_QUIET) $(VPY) -m pip install -q -e '.[test]'
 	@touch $@
 
 # The SKB and Listing 3 on this machine and the paper's machines, then the whole story live:
@@ -62,7 +65,7 @@ BENCH_APT_PACKAGES := libcjson-dev libjson-c-dev
 
 bench: setup
 	@$(MAKE) -s deps APT_PACKAGES="$(BENCH_APT_PACKAGES)"
-	$(VPY) -m pip install -q -e '.[bench]'
+	$(EDITABLE_QUIET) $(VPY) -m pip install -q -e '.[bench]'
 	@for b in bench/*_bench.py; do echo "== $$b"; $(VPY) $$b; done
 
 clean:

@@ -54,12 +54,16 @@ def open_enforcer(cfg: RMConfig, root: bool) -> Any:
     mode = cfg.enforce_mode if cfg.enforce else "none"
     if mode == "auto":
         mode = "cpuset" if root and find_cpuset_mount() is not None else "affinity"
+    state_dir = cfg.state_dir or default_state_dir()
     try:
-        enforcer = detect(mode, cfg.state_dir or default_state_dir(), root=root,
+        enforcer = detect(mode, state_dir, root=root,
                           cgroup_parent=cfg.cgroup_parent, memory_migrate=cfg.memory_migrate)
         enforcer.cleanup_stale()
     except EnforceError as err:
         raise StartupError(f"enforcement ({mode}): {err}") from None
+    except OSError as err:  # e.g. a full file system: one line naming the directory, not a traceback
+        raise StartupError(f"enforcement ({mode}): cannot write to the state directory {state_dir}: "
+                           f"{err.strerror or err} (free space there, or choose another with --state-dir)") from None
     return enforcer
 
 

@@ -20,7 +20,7 @@ from .answers import MAX_SOLUTIONS, AnswerStream
 from .backend import Backend
 from .errors import STATUS_ERROR, STATUS_FALSE, STATUS_OK, Problem, ShellError, describe
 from .output import Output
-from .statements import Command, Query, Statement
+from .statements import PSQL_PREFIX, Command, Query, Statement, psql_hint
 
 DEFAULT_TIMEOUT_S = 5.0  # the SKB's and the daemon's default query time limit
 
@@ -158,6 +158,8 @@ class Shell:
     def _command(self, cmd: Command) -> int:
         if not cmd.name:
             raise ShellError("a command name must follow ':' (try :help)")
+        if cmd.text.startswith(PSQL_PREFIX):
+            raise ShellError(psql_hint(cmd, self.commands))
         spec = self.commands.get(cmd.name) or self._abbreviation(cmd.name)
         return int(spec.run(self, cmd) or 0)
 
