@@ -63,6 +63,7 @@ class RMConfig:
     skb_app_slots: int = 4               # queries of one application running at once
     skb_max_threads: int = 256
     skb_worker_idle_s: float = 10.0
+    skb_user: str = "cod-skb"            # the engine's unprivileged user when the daemon is root (else nobody)
     # ---- enforcement and monitoring (issue #6) ----
     enforce_mode: str = "auto"           # auto (cpuset as root when mounted, else affinity) | affinity | cpuset | none
     state_dir: str | None = None         # records of what was pinned, for crash cleanup; None: /run/cod as root
