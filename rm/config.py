@@ -126,7 +126,9 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
         name = key.strip().replace("-", "_")
         if not sep or name not in _TYPES:
             raise ConfigError(f"--set {item!r}: use KEY=VALUE with KEY one of {', '.join(sorted(_TYPES))}")
-        out[name] = _coerce(name, _flag_value(_TYPES[name], value.strip()), f"--set {key}")
+        # A mode is octal text ("0660"), never a decimal integer.
+        text = value.strip()
+        out[name] = _coerce(name, text if name == "socket_mode" else _flag_value(_TYPES[name], text), f"--set {key}")
     return out
 
 
