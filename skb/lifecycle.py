@@ -19,10 +19,12 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from . import codec, lockdown
 from .codec import Op
@@ -158,9 +160,25 @@ class EngineProcess:
         if not Session.ready(line):
             self.kill()
             raise SKBError("engine", f"SWI-Prolog did not start: {line!r}")
-        direct = self.config.direct_socket
-        if direct and self.config.socket_permissions is not None:
-            self.config.socket_permissions(direct)
+        if self.config.direct_socket and self.config.socket_permissions is not None:
+            self._set_socket_permissions(self.config.direct_socket, self.config.socket_permissions)
+
+    def _set_socket_permissions(self, path: str, apply: Callable[[str], None]) -> None:
+        """Give the socket the engine made its mode, owner and group: through a descriptor on the
+        socket itself, since its directory belongs to the engine's uid (a link put there in its
+        place must not make root change another file)."""
+        try:
+            fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as err:
+            self.kill()
+            raise SKBError("engine", f"the engine's direct socket {path}: {err.strerror}") from None
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                self.kill()
+                raise SKBError("engine", f"{path} is not the engine's socket")
+            apply(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
 
     def kill(self) -> None:
         """Kill the process group and reap it; close the pipes the driver did not take over."""

@@ -224,3 +224,22 @@ def test_both_drivers_skip_a_line_that_names_no_request_and_go_on(caplog):
 
     asyncio.run(run())
     assert sum("unreadable reply" in r.getMessage() for r in caplog.records) == 2
+
+
+def test_a_link_in_place_of_the_direct_socket_does_not_get_its_permissions(tmp_path):
+    """The private directory belongs to the engine's uid: a link it puts where the socket goes
+    must not make the daemon (root) chmod another file."""
+    from cod.skb.errors import SKBError
+    from cod.skb.lifecycle import EngineProcess
+
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    private = tmp_path / "engine"
+    config = EngineConfig(load_library=False, private_dir=str(private), direct_socket=str(private / "direct.sock"))
+    engine = EngineProcess(config, Session())
+    (private / "direct.sock").symlink_to(victim)
+    with pytest.raises(SKBError, match="direct.sock"):
+        engine._set_socket_permissions(str(private / "direct.sock"), lambda p: os.chmod(p, 0o666))
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+    engine.close()
