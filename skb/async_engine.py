@@ -11,7 +11,10 @@ Writes are journalled when their reply arrives, whether or not their caller
 is still waiting, so a caller that gives up (a client that hangs up) cannot
 leave the journal behind the engine.  If the engine dies, every request in
 flight fails with a clean error, a new engine is started and the journal
-replayed; requests made meanwhile wait for it.
+replayed; requests made meanwhile wait for it.  Starting, killing and
+restarting the process, and what is replayed, are the same as for the
+synchronous driver (:class:`cod.skb.lifecycle.EngineProcess`); only the
+bytes move differently here.
 """
 
 from __future__ import annotations
@@ -351,7 +354,7 @@ class AsyncSKB:
         return int(await self._run(codec.cancel(tag)))
 
     async def load_library(self, path: str | Path) -> list[str]:
-        return list(await self._run(codec.load_library(str(Path(path).resolve()))))
+        return list(await self._run(codec.load_library(self._engine.engine_path(Path(path).resolve()))))
 
     # ---- capabilities of the direct channel -----------------------------
     async def grant(self, token: str, app: str) -> None:

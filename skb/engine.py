@@ -208,7 +208,7 @@ class SKB:
         return dict(self._run(codec.usage(app)))
 
     def load_library(self, path: str | Path) -> list[str]:
-        return list(self._run(codec.load_library(str(Path(path).resolve()))))
+        return list(self._run(codec.load_library(self._engine.engine_path(Path(path).resolve()))))
 
     # ---- queries --------------------------------------------------------
     def query(self, app: str, goal: str, *, all_solutions: bool = True, timeout_s: float | None = None,
