@@ -48,14 +48,15 @@ PR_SET_SECUREBITS = 28
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
-# securebits: no uid 0 magic, no fix-up on setuid, no keep-caps, all locked
-SECUREBITS = 0x01 | 0x02 | 0x04 | 0x08 | 0x10 | 0x20
+# securebits: no uid 0 magic (NOROOT), locked; the set-uid fix-up (which clears the capabilities
+# when the uid leaves 0) locked on; keep-caps locked off
+SECUREBITS = 0x01 | 0x02 | 0x08 | 0x20
 
 # landlock(7)
 SYS_LANDLOCK_CREATE_RULESET = 444
 SYS_LANDLOCK_ADD_RULE = 445
 SYS_LANDLOCK_RESTRICT_SELF = 446
-SYS_CAPSET = 126
+SYS_CAPSET = {"x86_64": 126, "aarch64": 91}.get(os.uname().machine)
 LANDLOCK_CREATE_RULESET_VERSION = 1
 LANDLOCK_RULE_PATH_BENEATH = 1
 FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
@@ -187,9 +188,10 @@ def drop_root(uid: int, gid: int) -> None:
     os.setgroups([])
     os.setresgid(gid, gid, gid)
     os.setresuid(uid, uid, uid)
-    header = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0), 8)  # _LINUX_CAPABILITY_VERSION_3
-    data = ctypes.create_string_buffer(24)  # two zeroed {effective, permitted, inheritable}
-    _check(_libc.syscall(SYS_CAPSET, header, data), "capset")
+    if SYS_CAPSET is not None:  # the uid change cleared the rest; this empties the inheritable set too
+        header = ctypes.create_string_buffer(struct.pack("=Ii", 0x20080522, 0), 8)  # _LINUX_CAPABILITY_VERSION_3
+        data = ctypes.create_string_buffer(24)  # two zeroed {effective, permitted, inheritable}
+        _check(_libc.syscall(SYS_CAPSET, header, data), "capset")
     if os.getuid() == 0 or os.geteuid() == 0:
         raise LockdownError("still root after setresuid")
 

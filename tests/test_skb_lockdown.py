@@ -243,3 +243,41 @@ def test_a_link_in_place_of_the_direct_socket_does_not_get_its_permissions(tmp_p
         engine._set_socket_permissions(str(private / "direct.sock"), lambda p: os.chmod(p, 0o666))
     assert stat.S_IMODE(victim.stat().st_mode) == 0o600
     engine.close()
+
+
+@needs_root
+@needs_landlock
+def test_started_by_an_unprivileged_user_the_lockdown_does_what_it_can(open_dir):
+    """`cod query` by a user: no uid to drop, but no_new_privs, Landlock and the filter hold."""
+    import shutil
+
+    from cod.skb import lockdown
+
+    swipl = shutil.which("swipl")
+    private = open_dir / "private"
+    goal = (f"catch(open('{open_dir / 'written'}', write, _), E, (print_message(error, E), fail)) -> halt(1) ; "
+            "read_file_to_string('/proc/self/status', S, []), "
+            "sub_string(S, B, _, _, \"NoNewPrivs:\"), sub_string(S, B, 14, _, L), write(L), halt(0)")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 77
+        try:
+            os.dup2(write, 1)
+            os.setgroups([])
+            os.setresgid(NOBODY, NOBODY, NOBODY)
+            os.setresuid(NOBODY, NOBODY, NOBODY)
+            private.mkdir()
+            if not os.access(lockdown.__file__, os.R_OK) or not os.access(swipl, os.X_OK):
+                os._exit(77)
+            code = lockdown.main(["--private", str(private), "--", swipl, "-q", "-f", "none", "-g", goal])
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as out:
+        text = out.read()
+    status = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    if status == 77:
+        pytest.skip("swipl or this checkout cannot be read by uid 65534")
+    assert status == 0 and text.split() == ["NoNewPrivs:", "1"], (status, text)
+    assert not (open_dir / "written").exists()
