@@ -87,10 +87,9 @@ class EngineProcess:
 
     # ---- where the engine finds things ---------------------------------------
     def engine_path(self, path: str | Path) -> str:
-        """``path`` as the engine reaches it (through an inherited descriptor when root dropped it)."""
+        """``path`` as the engine reaches it: through an inherited descriptor when it lies in one of
+        the engine's directories (which also keeps the direct socket's bind path short)."""
         text = os.path.abspath(str(path))
-        if not self.root:
-            return text
         for i, d in enumerate(self._reach):
             if text == d or text.startswith(d.rstrip("/") + "/"):
                 return f"/proc/self/fd/{FIRST_REACH_FD + i}" + text[len(d):]
@@ -114,9 +113,8 @@ class EngineProcess:
         cfg = self.config
         wrapper = [sys.executable, "-I", "-S", str(LOCKDOWN), "--user", str(self._identity[0]),
                    "--private", self.private_dir]
-        if self.root:
-            for d in self._reach:
-                wrapper += ["--reach", d]
+        for d in self._reach:
+            wrapper += ["--reach", d]
         if cfg.memory_limit_bytes:
             wrapper += ["--memory", str(cfg.memory_limit_bytes)]
         if NOEXEC_LIBRARY.exists():

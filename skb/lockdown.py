@@ -6,7 +6,7 @@ a few milliseconds, and it never returns (it execs, or exits 126 saying why).
 
 What it does, in this order:
 
-1. As root, opens the i-th ``--reach DIR`` as ``O_PATH`` descriptor 10 + i,
+1. Opens the i-th ``--reach DIR`` as ``O_PATH`` descriptor 10 + i (as root, before the drop),
    so that the engine can reach its files and its private directory through
    ``/proc/self/fd/N`` even when a parent directory is closed to its uid (the
    caller writes the command with those paths: skb/lifecycle.py).
@@ -26,7 +26,7 @@ What it does, in this order:
    SWI-Prolog's ``main`` (native/cod_noexec.c), which closes the one way
    Landlock leaves open: running the ELF interpreter by hand.
 
-Not root (``cod query`` by a user): steps 1 and 3 are skipped, the rest holds.
+Not root (``cod query`` by a user): step 3 is skipped, the rest holds.
 """
 
 from __future__ import annotations
@@ -228,8 +228,7 @@ def lock_down(opts: dict[str, list[str]], command: list[str]) -> tuple[list[str]
     program = os.path.realpath(command[0])
     env = dict(os.environ)
     env.update(kv.partition("=")[::2] for kv in opts.get("--env", []))
-    if os.geteuid() == 0:
-        reach(opts.get("--reach", []))
+    reach(opts.get("--reach", []))
     abi = 0 if "--no-landlock" in opts else landlock_abi()
     rules: list[tuple[int, int]] = []
     if abi:
