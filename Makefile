@@ -21,9 +21,25 @@ PYTEST_ARGS ?=
 # (a BuildBackendWarning of ten lines): true of any editable install, and nothing to act on here.
 EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: setup deps demo test bench clean cclient
+.PHONY: setup deps demo test bench clean cclient skb-user
 
-setup: deps $(STAMP)
+# The SKB engine's seccomp filter against execve (skb/native/cod_noexec.c, preloaded by skb/lockdown.py).
+NOEXEC_SO := skb/native/cod_noexec.so
+# The unprivileged user the SKB engine runs as when the daemon is root (EngineConfig.user, RM skb_user).
+SKB_USER ?= cod-skb
+
+setup: deps $(STAMP) $(NOEXEC_SO) skb-user
+
+$(NOEXEC_SO): skb/native/cod_noexec.c
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $<
+
+# As root: a system user with no home, no shell and no password; without it the engine runs as nobody.
+skb-user:
+	@if [ "$$(id -u)" -eq 0 ] && ! getent passwd $(SKB_USER) >/dev/null; then \
+	  echo "creating system user $(SKB_USER) for the SKB engine"; \
+	  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+	    --user-group $(SKB_USER) || echo "could not create $(SKB_USER): the SKB engine runs as nobody"; \
+	fi
 
 deps:
 	@missing=""; \
@@ -69,4 +85,4 @@ bench: setup
 	@for b in bench/*_bench.py; do echo "== $$b"; $(VPY) $$b; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(NOEXEC_SO)

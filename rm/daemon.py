@@ -110,8 +110,13 @@ class Daemon:
         from .enforce import NullEnforcer
 
         enforcer = self.enforcer if self.enforcer is not None else NullEnforcer()
-        direct = f"{self.cfg.socket_path()}.skb" if self.cfg.direct_channel else None
+        # The engine's private directory (the only one it may write) holds the direct socket.
+        private = f"{self.cfg.socket_path()}.skb.d"
+        direct = os.path.join(private, "direct.sock") if self.cfg.direct_channel else None
+        cfg = self.cfg
         engine = EngineConfig(
+            user=self.cfg.skb_user, private_dir=private,
+            socket_permissions=lambda path: apply_socket_permissions(path, cfg),
             query_timeout_s=self.cfg.query_timeout_s, thread_stack_bytes=self.cfg.skb_thread_stack_bytes,
             memory_limit_bytes=self.cfg.skb_memory_limit_bytes, app_slots=self.cfg.skb_app_slots,
             max_threads=self.cfg.skb_max_threads, worker_idle_s=self.cfg.skb_worker_idle_s,
@@ -121,8 +126,6 @@ class Daemon:
         try:
             self._skb = await AsyncSKB.start(engine)
             await self._skb.load_machine(self.machine)
-            if direct is not None:
-                apply_socket_permissions(direct, self.cfg)
         except Exception as err:
             if self._skb is not None:
                 await self._skb.close()
@@ -201,12 +204,6 @@ class Daemon:
                 await self._skb.close()
             except Exception as err:
                 log.warning("closing the SKB: %s", err)
-            direct = self._skb.config.direct_socket
-            if direct:
-                try:
-                    os.unlink(direct)
-                except FileNotFoundError:
-                    pass
         log.info("stopped")
 
 
