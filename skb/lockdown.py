@@ -72,7 +72,13 @@ WRITE_TREE = (FS_WRITE_FILE | FS_REMOVE_DIR | FS_REMOVE_FILE | FS_MAKE_DIR | FS_
 FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
 
 
-class LockdownError(Exception):
+try:  # imported by the driver: under the one error root
+    from cod.protocol.errors import CodError as _ErrorRoot
+except ImportError:  # run as a script (-I -S): the standard library only
+    _ErrorRoot = Exception  # type: ignore[assignment,misc]
+
+
+class LockdownError(_ErrorRoot):  # type: ignore[valid-type,misc]
     """A step of the privilege drop failed; the engine must not start."""
 
 
