@@ -221,19 +221,7 @@ class Transport:
                         TOO_BUSY, "the daemon holds too many incomplete frames; send whole frames")))
                     log.warning("connection %d: input budget exhausted; closing", conn.id)
                     break
-                for body in bodies:
-                    try:
-                        req = parse_request(body)
-                    except RpcError as err:
-                        rid = (err.data or {}).get("id")
-                        err.data = None
-                        self.send(conn, error_response(rid, err))
-                        continue
-                    if req.method in self._immediate:
-                        await self._answer(conn, req)
-                    else:
-                        await queue.put(req)
-
+                await self._requests(conn, bodies, queue)
         except (ConnectionError, OSError):
             pass
         except asyncio.CancelledError:
@@ -247,6 +235,21 @@ class Transport:
             except Exception:  # never let one client's cleanup kill the daemon
                 log.exception("cleaning up connection %d failed", conn.id)
             writer.close()
+
+    async def _requests(self, conn: Connection, bodies: list[bytes], queue: asyncio.Queue[Request | None]) -> None:
+        """Answer the frames' requests: a bad one at once, an immediate one now, the others in order."""
+        for body in bodies:
+            try:
+                req = parse_request(body)
+            except RpcError as err:
+                rid = (err.data or {}).get("id")
+                err.data = None
+                self.send(conn, error_response(rid, err))
+                continue
+            if req.method in self._immediate:
+                await self._answer(conn, req)
+            else:
+                await queue.put(req)
 
     async def _stop_worker(self, queue: asyncio.Queue[Request | None], worker: asyncio.Task[None]) -> None:
         """Stop a connection's worker once the request it is running is done; drop the ones not begun.
