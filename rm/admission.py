@@ -19,11 +19,10 @@ from typing import Any, Callable, Iterable
 
 from cod.protocol import jsonrpc as rpc
 from cod.protocol.jsonrpc import RpcError
-from cod.protocol.prolog_text import atom, term
 from cod.skb import PERSISTENT, Staged
 from cod.skb import codec
 
-from . import quotas
+from . import quotas, skbfacts
 from .allocator.model import TaskSpec
 from .config import RMConfig
 from .demands import Demand, Demands
@@ -41,10 +40,10 @@ Facts = Callable[[tuple[int, ...]], dict[str, list[str]]]
 
 
 def task_facts(task: Task) -> list[str]:
-    facts = [f"task({atom(task.name)}, {task.pid}, {atom(task.app)})"]
+    facts = [skbfacts.task(task.name, task.pid, task.app)]
     for key, value in sorted(task.spec.to_dict().items()):
         if key != "name":
-            facts.append(f"task_property({atom(task.name)}, {key}, {term(value)})")
+            facts.append(skbfacts.task_property(task.name, key, value))
     return facts
 
 
@@ -191,7 +190,7 @@ class Admission:
             old = (task.spec, task.properties, task.derived, task.derived_values)
             task.spec, task.properties, task.derived, task.derived_values = spec, properties, dict(derived), values
             try:
-                await skb_call(self.skb.replace_system_facts(f"task_property({atom(task.name)}, _, _)",
+                await skb_call(self.skb.replace_system_facts(skbfacts.task_properties_of(task.name),
                                                              task_facts(task)[1:]))
             except BaseException:
                 task.spec, task.properties, task.derived, task.derived_values = old
@@ -233,11 +232,10 @@ class Admission:
         """The task is gone from the registry: it holds nothing, is released, and the SKB forgets it."""
         self.publisher.forget(task.name)
         self.pinning.release(task)
-        name = atom(task.name)
         await skb_quietly(self.skb.batch([
-            codec.remove_system_facts(f"task({name}, _, _)"),
-            codec.remove_system_facts(f"task_property({name}, _, _)"),
-            codec.remove_system_facts(f"allocated({name}, _)"),
+            codec.remove_system_facts(skbfacts.task_of(task.name)),
+            codec.remove_system_facts(skbfacts.task_properties_of(task.name)),
+            codec.remove_system_facts(skbfacts.allocated_of(task.name)),
         ]), f"removing the facts of task {task.name}")
         self.events.emit("task_left", {"task": task.name, "pid": task.pid, "app": task.app, "reason": reason})
         log.info("task %s (pid %d) left: %s", task.name, task.pid, reason)
@@ -275,7 +273,7 @@ class Admission:
         self.publisher.forget(name)
         self.pinning.release_group(demand)
         self.schedule(f"elastic group {name} left")
-        await skb_quietly(self.skb.replace_many({f"allocated({atom(name)}, _)": [], **{p: [] for p in patterns}}),
+        await skb_quietly(self.skb.replace_many({skbfacts.allocated_of(name): [], **{p: [] for p in patterns}}),
                           f"removing the facts of elastic group {name}")
         log.info("elastic group %s left: %s", name, reason)
 

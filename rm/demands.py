@@ -20,17 +20,15 @@ import dataclasses
 import logging
 from typing import Any, Protocol
 
-from cod.protocol.prolog_text import atom, term
-
 from .allocator import OtherDemand
 from .allocator.model import TaskSpec
 from .busy import OtherTask, other_pid, other_task_name
 from .epochs import Publication
 from .planner import Plan
+from .skbfacts import OTHER_TASKS, other_task
 
 log = logging.getLogger("cod.rm")
 
-OTHER_TASKS = "other_task(_, _, _)"  # the SKB pattern of the busy processes' facts
 
 
 class Demand(Protocol):
@@ -95,8 +93,7 @@ class Demands:
 
     # ---- busy processes ------------------------------------------------------------------------
     def other_facts(self) -> dict[str, list[str]]:
-        return {OTHER_TASKS: [f"other_task({o.pid}, {atom(o.comm)}, {term(list(o.cpus))})"
-                              for _, o in sorted(self.others.items())]}
+        return {OTHER_TASKS: [other_task(o.pid, o.comm, o.cpus) for _, o in sorted(self.others.items())]}
 
     def adopted(self, plan: Plan, pub: Publication) -> tuple[Publication, dict[str, list[str]]]:
         """``plan`` is now the current one: keep its reservations for the busy processes (where the

@@ -24,8 +24,7 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from cod.protocol.prolog_text import atom
-
+from . import skbfacts
 from .config import RMConfig
 from .enforce import EnforceError, Enforcer
 from .enforce.busy import BusyDetector, BusyProcess, confine
@@ -266,22 +265,22 @@ class Monitor:
         loads = {c: round(v * 100) for c, v in state.cpu_load.items()}
         uses = {n: round(s.cpu * 100) for n, s in state.tasks.items()}
         writes = {
-            "cpu_load(_, _)": [f"cpu_load({c}, {p})" for c, p in sorted(loads.items())],
+            skbfacts.CPU_LOAD: [skbfacts.cpu_load(c, p) for c, p in sorted(loads.items())],
             # Free memory to the MiB: the last bytes change all the time and would rewrite it every refresh.
-            "numa_free(_, _)": [f"numa_free({n}, {b // MIB * MIB})" for n, b in sorted(state.node_free_bytes.items())],
-            "task_cpu_use(_, _)": [f"task_cpu_use({atom(n)}, {p})" for n, p in sorted(uses.items())],
+            skbfacts.NUMA_FREE: [skbfacts.numa_free(n, b // MIB * MIB) for n, b in sorted(state.node_free_bytes.items())],
+            skbfacts.TASK_CPU_USE: [skbfacts.task_cpu_use(n, p) for n, p in sorted(uses.items())],
         }
         if pages:
-            writes["task_numa_pages(_, _, _)"] = [f"task_numa_pages({atom(n)}, {node}, {count})"
+            writes[skbfacts.TASK_NUMA_PAGES] = [skbfacts.task_numa_pages(n, node, count)
                                                   for n, s in sorted(state.tasks.items())
                                                   for node, count in s.pages.items()]
         # Loads are rewritten when one moved by LOAD_STEP points (or a CPU/task came or went), not for noise.
         if self._close_enough(self._loads, loads):
-            writes.pop("cpu_load(_, _)")
+            writes.pop(skbfacts.CPU_LOAD)
         else:
             self._loads = loads
         if self._close_enough(self._uses, uses):
-            writes.pop("task_cpu_use(_, _)")
+            writes.pop(skbfacts.TASK_CPU_USE)
         else:
             self._uses = uses
         changed = {p: f for p, f in writes.items() if self._written.get(p) != f}

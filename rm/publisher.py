@@ -27,10 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from cod.protocol.prolog_text import atom
 from cod.skb import SKBError
 
-from . import epochs
+from . import epochs, skbfacts
 from .config import RMConfig
 from .epochs import EpochState, Publication
 from .events import Events
@@ -181,10 +180,8 @@ class Publisher:
         if pub.empty:
             ok = await self._write(writes, what)
         else:
-            facts = [f"allocated({atom(n)}, {c})" for n, cores in sorted(pub.holdings.items()) for c in cores]
             # A failed write is logged; the allocation stands and is announced.
-            ok = await self._write({"allocated(_, _)": facts,
-                                    "allocation_epoch(_)": [f"allocation_epoch({pub.epoch})"], **writes}, what)
+            ok = await self._write({**skbfacts.allocation(pub.epoch, pub.holdings), **writes}, what)
             self._announce(pub)
         for hook in self.on_published:
             try:
