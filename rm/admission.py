@@ -22,7 +22,7 @@ from cod.protocol.jsonrpc import RpcError
 from cod.skb import PERSISTENT, Staged
 from cod.skb import codec
 
-from . import quotas, skbfacts
+from . import quotas, shown, skbfacts
 from .allocator.model import TaskSpec
 from .config import RMConfig
 from .demands import Demand, Demands
@@ -84,11 +84,12 @@ class Admission:
         reserved = sum(t.spec.min_cores for t in self.registry.tasks.values() if t.name != spec.name)
         reserved += self.demands.floors(but=spec.name)
         free = max(0, self.n_cpus - reserved)
+        reason = shown.message(plan.reason) if plan.reason else plan.reason
         return RpcError(
             rpc.ADMISSION_REFUSED,
-            f"cannot admit {what} {spec.name!r}: it asks for at least {spec.min_cores} cores, {free} of "
-            f"{self.n_cpus} are free" + (f"; the allocator says: {plan.reason}" if plan.reason else ""),
-            {"requested": spec.min_cores, "free": free, "available": self.n_cpus, "reason": plan.reason},
+            f"cannot admit {what} {spec.name!r}: it asks for at least {shown.count(spec.min_cores, 'cores')}, {free} of "
+            f"{self.n_cpus} are free" + (f"; the allocator says: {reason}" if reason else ""),
+            {"requested": shown.datum(spec.min_cores), "free": free, "available": self.n_cpus, "reason": reason},
         )
 
     def _taken(self, name: str) -> None:

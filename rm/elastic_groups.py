@@ -35,7 +35,6 @@ from typing import Any
 
 from cod.protocol import jsonrpc as rpc
 from cod.protocol.jsonrpc import RpcError
-from cod.protocol.names import name_problem
 from cod.rm.elastic import controller
 from cod.rm.elastic.demand import group_spec, limits_for
 from cod.rm.elastic.errors import ElasticError
@@ -49,6 +48,7 @@ from .enforce.backend import Enforcer
 from .enforce.procevents import ProcEvent
 from .registry import Connection
 from .busy import printable
+from .names import name_problem
 from .service import ResourceManager
 
 log = logging.getLogger("cod.rm")

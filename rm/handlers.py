@@ -32,11 +32,11 @@ from cod.protocol.jsonrpc import (
     Request,
     RpcError,
 )
-from cod.protocol.names import name_problem
 from cod.skb.codec import PREDICATE_KINDS
 
 from .registry import Connection, Task
 from .busy import other_pid
+from .names import name_problem
 from .elastic_groups import SETTING_KEYS
 from .service import ResourceManager
 from .taskprops import split_properties

@@ -17,6 +17,7 @@ from cod.protocol import jsonrpc as rpc
 from cod.protocol.jsonrpc import RpcError
 from cod.skb import SKBError
 
+from . import quotas
 from .config import RMConfig
 from .knowledge import Knowledge, skb_quietly
 from .registry import Connection, Peer, Registry, Task, Usage, default_app_name
@@ -65,6 +66,9 @@ class Sessions:
             raise RpcError(rpc.PERMISSION_DENIED, refusal)
         if conn.app is not None and conn.app != app:
             raise RpcError(rpc.INVALID_PARAMS, f"hello: this connection already uses application {conn.app!r}")
+        too_many = quotas.app_name_refusal(self.cfg, self.registry, conn.peer.uid, conn.privileged, app)
+        if too_many is not None:
+            raise RpcError(rpc.QUOTA_EXCEEDED, f"hello: {too_many}")
         self.registry.claim_app(conn, app)
         conn.hello = True
         direct = None

@@ -42,6 +42,7 @@ from cod.protocol.jsonrpc import (
     response,
 )
 
+from . import shown
 from .config import RMConfig
 from .registry import Connection, Peer
 
@@ -244,7 +245,11 @@ class Transport:
             except RpcError as err:
                 rid = (err.data or {}).get("id")
                 err.data = None
-                self.send(conn, error_response(rid, err))
+                self.send(conn, error_response(None if shown.request_id_problem(rid) else rid, err))
+                continue
+            too_big = shown.request_id_problem(req.id)
+            if too_big is not None:  # not echoed: the reply carries id null (JSON-RPC 2.0, section 5)
+                self.send(conn, error_response(None, RpcError(INVALID_REQUEST, too_big)))
                 continue
             if req.method in self._immediate:
                 await self._answer(conn, req)
@@ -291,6 +296,10 @@ class Transport:
             result = await self._handle(conn, req)
             reply = response(req.id, result)
         except RpcError as err:
+            # Bounded, whatever the request held (a 5,000-digit number is not sent back whole).
+            err.message = shown.message(err.message)
+            if err.data:
+                err.data = {k: shown.datum(v) for k, v in err.data.items()}
             reply = error_response(req.id, err)
         except asyncio.CancelledError:
             raise
