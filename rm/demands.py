@@ -92,6 +92,13 @@ class Demands:
                 for _, o in sorted(self.others.items())]
 
     # ---- busy processes ------------------------------------------------------------------------
+    def busy(self) -> dict[int, OtherTask]:
+        """The unregistered busy processes as recorded now (a copy)."""
+        return dict(self.others)
+
+    def is_busy(self, pid: int) -> bool:
+        return pid in self.others
+
     def other_facts(self) -> dict[str, list[str]]:
         return {OTHER_TASKS: [other_task(o.pid, o.comm, o.cpus) for _, o in sorted(self.others.items())]}
 

@@ -292,7 +292,7 @@ class ElasticGroups:
 
     def _limits(self, name: str) -> controller.Limits:
         pub = self.rm.publisher
-        return limits_for(name, self.usable, pub.holdings(), pub.state.plan,
+        return limits_for(name, self.usable, pub.holdings(), pub.plan(),
                           pub.last_plan.unavailable if pub.last_plan is not None else ())
 
     def _facts(self, g: ManagedGroup, cpus: tuple[int, ...]) -> dict[str, list[str]]:

@@ -186,8 +186,8 @@ class Monitor:
             self.enforcer.forget_pid(task.name, ev.pid)  # its record of what to restore
         elif task is not None:
             self._spawn(self._task_exited(task, ev.timestamp_ns))
-        elif ev.pid in self.rm.demands.others:
-            others = {p: o for p, o in self.rm.demands.others.items() if p != ev.pid}
+        elif self.rm.demands.is_busy(ev.pid):
+            others = {p: o for p, o in self.rm.demands.busy().items() if p != ev.pid}
             self.hogs.pop(ev.pid, None)
             self._unconfine(ev.pid)
             self._spawn(self.rm.busy_changed(others, f"busy process {ev.pid} exited"))
@@ -202,7 +202,7 @@ class Monitor:
         assert self.detector is not None
         ours = self._ours()
         busy = [h for h in self.detector.sample() if h.pid not in ours and self.scope.allows(h.pid, h.comm)]
-        current = self.rm.demands.others
+        current = self.rm.demands.busy()
         others, changes = next_others(current, busy, lambda pid, comm: self.confine and self.scope.allows(pid, comm))
         for pid in set(current) - set(others):
             self.hogs.pop(pid, None)
@@ -220,7 +220,7 @@ class Monitor:
         if not self.confine:
             return
         planned = self.rm.publisher.planned_cpus()
-        for pid, other in list(self.rm.demands.others.items()):
+        for pid, other in self.rm.demands.busy().items():
             target = confinement_target(other, planned, self.all_cpus)
             if target is None:
                 self._unconfine(pid)

@@ -93,6 +93,10 @@ class Publisher:
     def announced(self, name: str) -> tuple[int, ...]:
         return tuple(self.state.announced.get(name, ()))
 
+    def plan(self) -> Mapping[str, tuple[int, ...]]:
+        """The adopted plan: what each task and group is to hold once revocations end."""
+        return self.state.plan
+
     def planned_cpus(self) -> set[int]:
         """Every CPU the adopted plan gives to some task or group."""
         return {c for cores in self.state.plan.values() for c in cores}
