@@ -198,7 +198,7 @@ def build_config(file: str | Path | None = None, sets: list[str] | None = None, 
         raise ConfigError(f"enforce mode {cfg.enforce_mode!r} is not one of {', '.join(ENFORCE_MODES)}")
     if cfg.solver not in SOLVERS:
         raise ConfigError(f"solver {cfg.solver!r} is not one of {', '.join(SOLVERS)}")
-    from .busy import ProcessScope
+    from .scope import ProcessScope
 
     try:
         ProcessScope.parse(cfg.busy_scope)

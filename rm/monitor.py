@@ -25,13 +25,14 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from . import skbfacts
+from .busy import confinement_target, next_others, other_task_name, printable
 from .config import RMConfig
 from .enforce import EnforceError, Enforcer
 from .enforce.busy import BusyDetector, BusyProcess, confine
 from .enforce.livestate import LiveStateSampler
 from .enforce.procevents import ProcEvent, open_source
 from .registry import Task
-from .busy import ProcessScope, confinement_target, next_others, other_task_name, printable
+from .scope import ProcessScope
 from .service import ResourceManager
 
 log = logging.getLogger("cod.rm")
