@@ -46,6 +46,7 @@ class RMConfig:
     max_subscriptions_per_connection: int = 1024
     max_batch_calls: int = 256
     max_tasks_per_uid: int = 256
+    max_apps_per_uid: int = 64          # application names a uid may hold, persistent ones included
     app_max_facts: int = 100_000         # per application ...
     app_max_fact_bytes: int = 16 << 20   # ... characters of fact text
     app_max_clauses: int = 10_000

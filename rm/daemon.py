@@ -140,20 +140,20 @@ class Daemon:
             self.monitor = Monitor(rm, self.cfg, enforcer, root=root, skb_pid=lambda: skb.pid)
             self.monitor.start()
             # Elastic groups need the process events and the pinning of an enforcing daemon.
-            from .unmanaged import UnmanagedGroups
+            from .elastic_groups import ElasticGroups
 
-            rm.unmanaged = UnmanagedGroups(rm, enforcer)
+            rm.demands.elastic = ElasticGroups(rm, enforcer)
 
         async def handle(conn: Connection, req: Request) -> Any:
             return await dispatch(rm, conn, req)
 
         self.transport = Transport(
             self.cfg,
-            new_connection=rm.new_connection,
+            new_connection=rm.sessions.new_connection,
             handle=handle,
             immediate=IMMEDIATE,
-            connection_lost=rm.connection_lost,
-            refusal=rm.connection_refusal,
+            connection_lost=rm.sessions.connection_lost,
+            refusal=rm.sessions.connection_refusal,
         )
         try:
             await self.transport.start()
@@ -192,8 +192,8 @@ class Daemon:
         reason = getattr(self, "_stop_reason", "stopping")
         if self.monitor is not None:
             self.monitor.close()
-        if self.rm is not None and self.rm.unmanaged is not None:
-            self.rm.unmanaged.close()
+        if self.rm is not None and self.rm.demands.elastic is not None:
+            self.rm.demands.elastic.close()
         if self.rm is not None:
             await self.rm.close()
         self._close_enforcer()

@@ -21,7 +21,7 @@ from typing import Any
 from cod.protocol.prolog_text import ANY, Written, compound
 
 __all__ = [
-    "ANY", "allocated_fact", "allocation_epoch_fact", "cpu_load_fact", "numa_free_fact", "other_task_fact",
+    "ANY", "allocated_fact", "allocation_epoch_fact", "allocation_facts", "cpu_load_fact", "numa_free_fact", "other_task_fact",
     "task_cpu_use_fact", "task_fact", "task_facts", "task_numa_pages_fact", "task_property_fact",
 ]
 
@@ -57,6 +57,12 @@ def allocated_fact(name: str, cpu: Int) -> Written:
 def allocation_epoch_fact(epoch: Int) -> Written:
     """``allocation_epoch(Epoch)``: the epoch the ``allocated/2`` facts describe."""
     return compound("allocation_epoch", epoch)
+
+
+def allocation_facts(epoch: int, holdings: Mapping[str, Iterable[int]]) -> dict[str, list[Written]]:
+    """Every holding's ``allocated/2`` and the ``allocation_epoch/1``: one replacement of both."""
+    return {allocated_fact(ANY, ANY): [allocated_fact(n, c) for n, cores in sorted(holdings.items()) for c in cores],
+            allocation_epoch_fact(ANY): [allocation_epoch_fact(epoch)]}
 
 
 def cpu_load_fact(cpu: Int, percent: Int) -> Written:

@@ -7,7 +7,7 @@ The layers, by the names Python imports (pyproject.toml's package-dir maps the f
 * ``cod.cli`` (clients/cli: ``cod``, including the daemon command ``cod rm`` and the shell) may
   import everything; nothing else imports it;
 * pure policy (the allocator, epochs and revocations, quotas, conditions, refusal reasons, task
-  properties, reservations, the deploy planner without its measurements) imports no enforcement
+  properties, busy detection's policy, names, bounded text, the system facts, the deploy planner without its measurements) imports no enforcement
   (``cod.rm.enforce``), no socket or asyncio transport (``socket``, ``asyncio``, netlink, the
   daemon's transport and service, the client) and no SKB driver (``cod.skb`` but its pure codec
   and errors);
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PURE_POLICY = (
     "cod.rm.allocator", "cod.rm.epochs", "cod.rm.quotas", "cod.rm.conditions", "cod.rm.reasons",
-    "cod.rm.taskprops", "cod.rm.reservations",
+    "cod.rm.taskprops", "cod.rm.busy", "cod.rm.names", "cod.rm.shown", "cod.rm.system_facts",
     # the deploy planner; its measurements (cod.rm.deploy.measure: perf, /proc, compilers) are mechanism
     "cod.rm.deploy.binpack", "cod.rm.deploy.collapse", "cod.rm.deploy.densest", "cod.rm.deploy.errors",
     "cod.rm.deploy.graph", "cod.rm.deploy.numa", "cod.rm.deploy.plan", "cod.rm.deploy.render",
