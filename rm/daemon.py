@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
@@ -19,6 +19,9 @@ from .handlers import IMMEDIATE, dispatch
 from .registry import Connection
 from .service import ResourceManager
 from .transport import Transport, apply_socket_permissions
+
+if TYPE_CHECKING:
+    from cod.skb import EngineConfig
 
 log = logging.getLogger("cod.rm")
 
@@ -105,24 +108,13 @@ class Daemon:
                             self.cfg.events_poll_interval_s)
             if self.enforcer is None:
                 self.enforcer = open_enforcer(self.cfg, root)
-        from cod.skb import AsyncSKB, EngineConfig
+        from cod.skb import AsyncSKB
 
         from .enforce import NullEnforcer
 
         enforcer = self.enforcer if self.enforcer is not None else NullEnforcer()
-        # The engine's private directory (the only one it may write) holds the direct socket.
-        private = f"{self.cfg.socket_path()}.skb.d"
-        direct = os.path.join(private, "direct.sock") if self.cfg.direct_channel else None
-        cfg = self.cfg
-        engine = EngineConfig(
-            user=self.cfg.skb_user, private_dir=private,
-            socket_permissions=lambda path: apply_socket_permissions(path, cfg),
-            query_timeout_s=self.cfg.query_timeout_s, thread_stack_bytes=self.cfg.skb_thread_stack_bytes,
-            memory_limit_bytes=self.cfg.skb_memory_limit_bytes, app_slots=self.cfg.skb_app_slots,
-            max_threads=self.cfg.skb_max_threads, worker_idle_s=self.cfg.skb_worker_idle_s,
-            direct_socket=direct, max_frame_bytes=self.cfg.max_frame_bytes,
-            # An answer must fit in one of our frames, with room for the reply around it.
-            max_reply_bytes=self.cfg.max_frame_bytes - 1024)
+        engine = self._engine_config()
+        direct = engine.direct_socket
         try:
             self._skb = await AsyncSKB.start(engine)
             await self._skb.load_machine(self.machine)
@@ -169,6 +161,24 @@ class Daemon:
             self.enforcer.describe() if self.enforcer is not None else "off (planning only)",
             self.cfg.solver, self.cfg.solver_time_limit_s,
         )
+
+    def _engine_config(self) -> EngineConfig:
+        """How the SKB engine is started: its user, its private directory and the daemon's limits."""
+        from cod.skb import EngineConfig
+
+        cfg = self.cfg
+        # The engine's private directory (the only one it may write) holds the direct socket.
+        private = f"{cfg.socket_path()}.skb.d"
+        return EngineConfig(
+            user=cfg.skb_user, private_dir=private,
+            socket_permissions=lambda path: apply_socket_permissions(path, cfg),
+            query_timeout_s=cfg.query_timeout_s, thread_stack_bytes=cfg.skb_thread_stack_bytes,
+            memory_limit_bytes=cfg.skb_memory_limit_bytes, app_slots=cfg.skb_app_slots,
+            max_threads=cfg.skb_max_threads, worker_idle_s=cfg.skb_worker_idle_s,
+            direct_socket=os.path.join(private, "direct.sock") if cfg.direct_channel else None,
+            max_frame_bytes=cfg.max_frame_bytes,
+            # An answer must fit in one of our frames, with room for the reply around it.
+            max_reply_bytes=cfg.max_frame_bytes - 1024)
 
     def _close_enforcer(self) -> None:
         """Give every pinned process its original affinity back and remove our cgroups."""
