@@ -111,6 +111,12 @@ class Daemon:
             query_timeout_s=self.cfg.query_timeout_s, thread_stack_bytes=self.cfg.skb_thread_stack_bytes,
             memory_limit_bytes=self.cfg.skb_memory_limit_bytes, app_slots=self.cfg.skb_app_slots,
             max_threads=self.cfg.skb_max_threads, worker_idle_s=self.cfg.skb_worker_idle_s,
+            uid_threads=self.cfg.skb_uid_threads,
+            reserved_privileged_threads=self.cfg.skb_reserved_privileged_threads,
+            direct_idle_timeout_s=self.cfg.direct_idle_timeout_s,
+            direct_max_connections=self.cfg.direct_max_connections,
+            direct_max_connections_per_uid=self.cfg.direct_max_connections_per_uid,
+            direct_reserved_privileged_connections=self.cfg.direct_reserved_privileged_connections,
             direct_socket=direct, max_frame_bytes=self.cfg.max_frame_bytes,
             # An answer must fit in one of our frames, with room for the reply around it.
             max_reply_bytes=self.cfg.max_frame_bytes - 1024)

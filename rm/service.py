@@ -175,7 +175,7 @@ class ResourceManager:
             if conn.token is None:
                 conn.token = secrets.token_hex(16)
                 try:
-                    await self.skb.grant(conn.token, app)
+                    await self.skb.grant(conn.token, app, (conn.peer.uid, conn.privileged))
                 except SKBError as err:
                     log.warning("no direct channel for connection %d: %s", conn.id, err)
                     conn.token = None
@@ -285,7 +285,7 @@ class ResourceManager:
                             timeout_s: float) -> list[dict[str, Any]]:
         answer = await skb_call(self.skb.query(self._app(conn), goal, all_solutions=all_solutions,
                                                max_solutions=max_solutions, timeout_s=timeout_s,
-                                               tag=query_tag(conn)))
+                                               tag=query_tag(conn), client=(conn.peer.uid, conn.privileged)))
         return list(answer["solutions"])
 
     async def cancel(self, conn: Connection) -> int:

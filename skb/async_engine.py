@@ -364,8 +364,8 @@ class AsyncSKB:
         return list(await self._run(codec.load_library(str(Path(path).resolve()))))
 
     # ---- capabilities of the direct channel -----------------------------
-    async def grant(self, token: str, app: str) -> None:
-        await self._run(codec.grant(token, app))
+    async def grant(self, token: str, app: str, client: codec.Client | None = None) -> None:
+        await self._run(codec.grant(token, app, client))
 
     async def revoke(self, token: str) -> None:
         await self._run(codec.revoke(token))
@@ -376,9 +376,11 @@ class AsyncSKB:
 
     # ---- queries --------------------------------------------------------
     async def query(self, app: str, goal: str, *, all_solutions: bool = True, timeout_s: float | None = None,
-                    max_solutions: int = 10_000, tag: str | None = None) -> dict[str, Any]:
-        """``tag``: whom the query runs for, so that cancel(tag) can stop it."""
-        op, timeout = self.config.query_op(app, goal, all_solutions, timeout_s, max_solutions, tag)
+                    max_solutions: int = 10_000, tag: str | None = None,
+                    client: codec.Client | None = None) -> dict[str, Any]:
+        """``tag``: whom the query runs for, so that cancel(tag) can stop it; ``client``: (uid, privileged),
+        for the engine's per-uid shares of its threads (none: the daemon's own query)."""
+        op, timeout = self.config.query_op(app, goal, all_solutions, timeout_s, max_solutions, tag, client)
         return dict(await self._run(op, timeout))
 
     async def execute_query(self, app: str, goal: str, *, all_solutions: bool = True,

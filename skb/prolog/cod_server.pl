@@ -76,6 +76,10 @@ default_setting(direct_socket, '').
 default_setting(max_connections, 1024).
 default_setting(max_frame_bytes, 1048576).
 default_setting(hello_timeout, 5).
+default_setting(idle_timeout, 120).             % a greeted connection silent for this long is closed
+default_setting(max_connections_per_uid, 64).   % of an unprivileged uid
+default_setting(reserved_privileged_connections, 64). % of max_connections, for root and the daemon
+default_setting(max_pending, 64).               % connections waiting for their hello
 default_setting(frame_timeout, 10).
 default_setting(max_time_limit, 5).
 default_setting(inference_limit, 10000000).
@@ -139,7 +143,9 @@ start_direct :-
     ->  true
     ;   findall(Opt, ( member(Name, [thread_stack, max_connections, max_frame_bytes,
                                          hello_timeout, frame_timeout, max_time_limit,
-                                         inference_limit, rpc_codes]),
+                                         inference_limit, rpc_codes, idle_timeout,
+                                         max_connections_per_uid,
+                                         reserved_privileged_connections, max_pending]),
                        setting(Name, Value),
                        direct_name(Name, DName),
                        Opt =.. [DName, Value] ), Opts),
@@ -238,6 +244,7 @@ op_kind(snapshot, write).
 op_kind(restore_system(_), write).
 op_kind(restore_app(_, _), write).
 op_kind(grant(_, _), write).
+op_kind(grant(_, _, _), write).
 op_kind(batch(_), write).
 op_kind(revoke(_), write).
 op_kind(list_facts(_, _), read).
@@ -450,6 +457,8 @@ op_result(batch(Ops), list(Results)) :-
     maplist(op_result, Ops, Results).
 op_result(grant(Token, App), atom(ok)) :-
     grant_token(Token, App).
+op_result(grant(Token, App, Client), atom(ok)) :-
+    grant_token(Token, App, Client).
 op_result(revoke(Token), atom(ok)) :-
     revoke_token(Token).
 op_result(time_query(App, Text, Times), times(Us, CpuPerCall)) :-
