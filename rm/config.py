@@ -69,6 +69,7 @@ class RMConfig:
     direct_max_connections: int = 1024
     direct_max_connections_per_uid: int = 64
     direct_reserved_privileged_connections: int = 64  # of direct_max_connections
+    direct_max_pending: int = 64         # direct connections waiting for hello; a new one closes the oldest
     # ---- enforcement and monitoring (issue #6) ----
     enforce_mode: str = "auto"           # auto (cpuset as root when mounted, else affinity) | affinity | cpuset | none
     state_dir: str | None = None         # records of what was pinned, for crash cleanup; None: /run/cod as root
