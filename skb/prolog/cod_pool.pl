@@ -28,8 +28,9 @@ Slots (both channels together, counted under the cod_slots mutex):
   - at most uid_threads queries of one unprivileged uid run at once, over
     all its applications;
   - unprivileged uids together run at most max_threads -
-    reserved_privileged_threads queries: the rest is kept for root and the
-    daemon, so that no number of uids can make their queries wait.
+    reserved_privileged_threads queries (the reserve being at most half of
+    max_threads): the rest is kept for root and the daemon, so that no
+    number of uids can make their queries wait.
 
 A query that may not run yet waits in one FIFO (parked/4) and is started by
 the release of a slot that lets it run; nothing is refused.
@@ -128,10 +129,12 @@ take_slot(App, Client) :-
     set_count(running(App), N0+1),
     mark_busy(App, 1).
 
+%   The reserve is at most half of the pool, so that a small pool still
+%   serves unprivileged uids.
 unprivileged_ceiling(Max) :-
     pool_option(max_threads, T),
     pool_option(reserved_privileged_threads, R),
-    Max is max(1, T - R).
+    Max is max(1, T - min(R, T // 2)).
 
 give_back(App, Client) :-
     count(running(App), N0),
