@@ -46,6 +46,15 @@ def open_daemon():
             d.stop()
 
 
+def through_daemon(c: Client) -> Client:
+    """Queries of ``c`` go through the daemon (the pool's threads), not the direct channel."""
+    c.direct_queries = False
+    if c._direct is not None:
+        c._drop_direct(c._direct)
+    assert not c.direct
+    return c
+
+
 def direct_rpc(s: socket.socket, method: str, params: dict, rid: int = 1) -> dict:
     body = json.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}).encode()
     s.sendall(struct.pack(">I", len(body)) + body)
@@ -78,15 +87,17 @@ WORKER_KILLERS = [
 
 
 @needs_root
+@pytest.mark.parametrize("direct", [False, True], ids=["through-rm", "direct"])
 @pytest.mark.parametrize("goal", WORKER_KILLERS)
-def test_workers_killed_by_one_uid_leave_every_read_served(open_daemon, goal):
+def test_workers_killed_by_one_uid_leave_every_read_served(open_daemon, goal, direct):
     """Issue 23 item 3: each throw killed a worker; after 4 an application's slots were gone for good,
     after max_threads every read of every uid failed while pings were still answered."""
-    d = open_daemon("skb_max_threads=8", "skb_reserved_privileged_threads=2", "skb_uid_threads=4")
+    d = open_daemon("skb_max_threads=8")
 
     def attacker() -> None:
         with Client(str(d.path), app="killer") as c:
-            c.direct_queries = False
+            if not direct:
+                through_daemon(c)
             for _ in range(12):  # more than the pool's threads and the application's 4 slots
                 t0 = time.monotonic()
                 try:
@@ -98,9 +109,9 @@ def test_workers_killed_by_one_uid_leave_every_read_served(open_daemon, goal):
 
     assert as_user(NOBODY, attacker) == 0
     with Client(str(d.path), app="rootapp") as root:
-        for direct in (False, True):
-            root.direct_queries = direct
-            assert root.execute_query("X = 2", timeout_s=2.0) == [{"X": 2}]
+        assert root.direct and root.execute_query("X = 2", timeout_s=2.0) == [{"X": 2}]
+        through_daemon(root)
+        assert root.execute_query("X = 3", timeout_s=2.0) == [{"X": 3}]
 
 
 # ---- the health check: a pool that stops serving is restarted -------------------------------------
@@ -114,7 +125,7 @@ class _StallConfig(EngineConfig):
 def test_an_engine_whose_pool_stopped_serving_fails_its_ping_and_is_restarted():
     """Issue 23: reads stopped but pings were answered, so the engine was never restarted."""
     async def scenario() -> tuple[bool, int]:
-        cfg = _StallConfig(load_library=False, max_threads=1, reserved_privileged_threads=0)
+        cfg = _StallConfig(load_library=False, max_threads=1)
         engine = await AsyncSKB.start(cfg)
         try:
             await engine.ping()  # a pool that serves: pong
@@ -146,15 +157,16 @@ def test_an_engine_whose_pool_stopped_serving_fails_its_ping_and_is_restarted():
 @needs_root
 def test_uids_filling_the_pool_leave_root_its_threads(open_daemon):
     """Issue 23 item 7: 4 uids x 64 connections looping sleep(5) filled the pool (cap 256) and root's
-    queries waited up to 1 s.  Here, at a smaller scale: 3 uids x 8 connections sleeping, 16 threads."""
-    d = open_daemon("skb_max_threads=16", "skb_uid_threads=4", "skb_reserved_privileged_threads=4")
+    queries waited up to 1 s.  Here, at a smaller scale: 3 uids x 8 connections sleeping, 16 threads
+    (the reserve is at most half the pool: 8 threads for unprivileged uids, 8 for root)."""
+    d = open_daemon("skb_max_threads=16")
     stop = time.monotonic() + 6.0
 
     def sleeper(uid: int) -> None:
         def loop(i: int, errors: list) -> None:
             try:
                 with Client(str(d.path), app=f"s{uid}c{i}") as c:
-                    c.direct_queries = i % 2 == 0  # both channels count
+                    through_daemon(c)  # the pool's threads
                     while time.monotonic() < stop:
                         c.execute_query("sleep(1.5)")
             except Exception as err:
@@ -174,7 +186,7 @@ def test_uids_filling_the_pool_leave_root_its_threads(open_daemon):
     time.sleep(2.0)  # every sleeper has its queries running or waiting
     slowest = 0.0
     with Client(str(d.path), app="rootapp") as root:
-        root.direct_queries = False
+        through_daemon(root)
         for _ in range(10):
             t0 = time.monotonic()
             assert root.execute_query("X = 1") == [{"X": 1}]
@@ -191,8 +203,7 @@ def test_uids_filling_the_pool_leave_root_its_threads(open_daemon):
 def test_one_uid_cannot_take_every_direct_connection(open_daemon):
     """Issue 23 item 6: one uid held 491 idle direct connections and every other client, root included,
     got ConnectionResetError there."""
-    d = open_daemon("direct_max_connections=40", "direct_max_connections_per_uid=10",
-                    "direct_reserved_privileged_connections=10", "direct_max_pending=5")
+    d = open_daemon()  # the defaults: 64 direct connections per unprivileged uid
     ready_r, ready_w = os.pipe()
     done_r, done_w = os.pipe()
     pid = os.fork()
@@ -206,7 +217,7 @@ def test_one_uid_cannot_take_every_direct_connection(open_daemon):
             main = RawConn(d.path)
             offer = main.hello("hog")["skb"]
             held, accepted, refusals = [], 0, set()
-            for _ in range(30):
+            for _ in range(100):
                 s = direct_socket(offer["socket"])
                 held.append(s)
                 r = direct_rpc(s, "hello", {"version": 1, "token": offer["token"]})
@@ -223,7 +234,7 @@ def test_one_uid_cannot_take_every_direct_connection(open_daemon):
     os.close(done_r)
     accepted, refusals = json.loads(os.read(ready_r, 4096))
     try:
-        assert accepted == 10  # its per-uid cap; the others were told why, then closed
+        assert accepted == 64  # its per-uid cap; the others were told why, then closed
         assert refusals == [[rpc.TOO_BUSY, True]]
         with Client(str(d.path), app="rootapp") as root:
             assert root.direct
