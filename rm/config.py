@@ -63,7 +63,7 @@ class RMConfig:
     skb_app_slots: int = 4               # queries of one application running at once
     skb_max_threads: int = 256
     skb_worker_idle_s: float = 10.0
-    skb_uid_threads: int = 32            # queries of one unprivileged uid running at once, both channels
+    skb_uid_threads: int = 16            # queries of one unprivileged uid running at once, both channels
     skb_reserved_privileged_threads: int = 32  # of skb_max_threads, only for root and the daemon's user
     direct_idle_timeout_s: float = 120.0  # a direct-channel connection that sends nothing this long is closed
     direct_max_connections: int = 1024

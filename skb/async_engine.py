@@ -34,8 +34,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cod.skb")
 
-# How long a health check waits before the engine is presumed stuck.
+# How long a health check waits before the engine is presumed stuck: PING_TIMEOUT_S without
+# progress, or PING_MAX_WAIT_S in all while it makes progress.  Progress: replies to others keep
+# coming, or its threads use CPU (an engine busy with hundreds of large answers on a loaded machine
+# answered no ping within 5 s, and was restarted, failing every request in flight; issue 23).
 PING_TIMEOUT_S = 5.0
+PING_MAX_WAIT_S = 30.0
+PING_PROGRESS_CPU_S = 0.25  # CPU time over PING_TIMEOUT_S that shows an engine at work
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """CPU time (user + system) a process has used so far, 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 class _Pending:
@@ -89,6 +106,7 @@ class AsyncSKB:
         self._restarting: asyncio.Task[None] | None = None
         self._closing = False
         self.restarts = 0
+        self._received = 0  # bytes read from the engine: a health check's sign of progress
 
     @classmethod
     async def start(cls, config: EngineConfig | None = None, **kwargs: Any) -> "AsyncSKB":
@@ -209,6 +227,7 @@ class AsyncSKB:
     def _on_data(self, protocol: _EngineProtocol, data: bytes) -> None:
         if protocol is not self._protocol:
             return
+        self._received += len(data)
         try:
             lines = self._session.feed(data)
         except SKBError as err:
@@ -286,13 +305,28 @@ class AsyncSKB:
             raise SKBError("timeout", f"the engine did not answer within {wait:.1f} s") from None
 
     async def _health_check(self) -> None:
+        """Restart an engine that answers no ping, or whose ping fails (its query pool stopped serving)."""
         if not self._ready.is_set():
             return
+        pong = self._send(codec.PING)
+        waited = 0.0
         try:
-            await asyncio.wait_for(self._send(codec.PING), PING_TIMEOUT_S)
-        except (TimeoutError, SKBError):
-            if not self._closing:
-                self._begin_restart("it did not answer a ping")
+            while True:
+                before, cpu = self._received, _cpu_seconds(self.pid)
+                try:
+                    await asyncio.wait_for(asyncio.shield(pong), PING_TIMEOUT_S)
+                    return
+                except TimeoutError:
+                    waited += PING_TIMEOUT_S
+                    busy = _cpu_seconds(self.pid) - cpu >= PING_PROGRESS_CPU_S
+                    if (self._received == before and not busy) or waited >= PING_MAX_WAIT_S:
+                        raise
+        except TimeoutError:
+            why = "it did not answer a ping"
+        except SKBError as err:
+            why = f"its ping failed: {err.message}"
+        if not self._closing:
+            self._begin_restart(why)
 
     # ---- system-level facts ------------------------------------------
     async def load_machine(self, machine: "Machine") -> int:

@@ -61,7 +61,7 @@ class EngineConfig:
     app_slots: int = 4  # queries of one application running at once
     max_threads: int = 256
     worker_idle_s: float = 10.0  # an idle query worker (beyond 4) leaves after this
-    uid_threads: int = 32  # queries of one unprivileged uid running at once
+    uid_threads: int = 16  # queries of one unprivileged uid running at once
     reserved_privileged_threads: int = 32  # of max_threads, for root and the daemon only
     direct_idle_timeout_s: float = 120.0  # a greeted direct connection silent this long is closed
     direct_max_connections: int = 1024

@@ -58,7 +58,7 @@ engine's `ping` answers with it).
     pool_worker/1.         % Thread: a live worker
 
 default_option(app_slots, 4).
-default_option(uid_threads, 32).
+default_option(uid_threads, 16).
 default_option(reserved_privileged_threads, 32).
 default_option(max_threads, 256).
 default_option(min_workers, 4).

@@ -66,9 +66,11 @@ default_setting(app_slots, 4).
 default_setting(max_threads, 256).
 default_setting(min_workers, 4).                % the pool never shrinks below this
 default_setting(worker_idle_s, 10).             % an idle worker beyond min_workers leaves after this
-default_setting(uid_threads, 32).               % queries of one unprivileged uid running at once
+default_setting(uid_threads, 16).               % queries of one unprivileged uid running at once
 default_setting(reserved_privileged_threads, 32). % of max_threads, only for root and the daemon
 default_setting(pool_stall_s, 15).              % queued jobs and none taken for this long: ping fails
+default_setting(bulk_reply_chars, 65536).       % a reply longer than this is bulk ...
+default_setting(bulk_replies_queued, 8).        % ... and at most this many bulk replies wait to be sent
 default_setting(thread_stack, 268435456).       % bytes, per thread
 default_setting(max_reply_bytes, 67108864).
 default_setting(direct_socket, '').
@@ -114,8 +116,10 @@ main :-
     thread_create(writer_loop, _, [alias(cod_writer_thread), stack_limit(Stack)]),
     start_watchdog,
     start_direct,
+    start_output(Out),
     send_line('{"ready":true}'),
-    serve(In).
+    serve(In),
+    flush_replies.
 
 read_settings(Argv) :-
     forall(default_setting(Name, Default),
@@ -636,12 +640,50 @@ send_checked(Id, Line) :-
     ;   send_line(Line)
     ).
 
+%   Replies leave through one thread (cod_output), in two classes: a bulk
+%   reply (more than bulk_reply_chars) waits until fewer than
+%   bulk_replies_queued others wait to be written (back-pressure: a worker
+%   that made a large answer holds it until the Resource Manager reads,
+%   so what waits to be sent is bounded), and every other reply (pings,
+%   writes, errors, small answers) is written before any bulk reply
+%   queued: a pong never waits behind hundreds of large answers (it did,
+%   for over 30 s, and the engine was restarted as dead; issue 23).
+start_output(Out) :-
+    setting(bulk_replies_queued, N),
+    message_queue_create(_, [alias(cod_replies)]),
+    message_queue_create(_, [alias(cod_bulk_slots), max_size(N)]),
+    thread_create(output_loop(Out), _, [alias(cod_output)]).
+
 send_line(Line) :-
-    protocol_out(Out),
-    with_mutex(cod_out,
-               ( write(Out, Line),
-                 nl(Out),
-                 flush_output(Out) )).
+    string_length(Line, Len),
+    setting(bulk_reply_chars, Bulk),
+    (   Len > Bulk
+    ->  thread_send_message(cod_bulk_slots, slot),
+        Msg = bulk(Line)
+    ;   Msg = small(Line)
+    ),
+    flag(cod_replies_unsent, N, N+1),
+    thread_send_message(cod_replies, Msg).
+
+output_loop(Out) :-
+    (   thread_get_message(cod_replies, small(Line), [timeout(0)])
+    ->  Kind = small
+    ;   thread_get_message(cod_replies, Msg),
+        Msg =.. [Kind, Line]
+    ),
+    catch(( write(Out, Line), nl(Out), flush_output(Out) ), _, true),
+    flag(cod_replies_unsent, N, N-1),
+    (   Kind == bulk -> thread_get_message(cod_bulk_slots, slot) ; true ),
+    output_loop(Out).
+
+%   flush_replies: at the end of input, let the replies already made go
+%   out (for at most two seconds) before the engine halts.
+flush_replies :-
+    (   between(1, 200, _),
+        (   flag(cod_replies_unsent, 0, 0) -> true ; sleep(0.01), fail )
+    ->  true
+    ;   true
+    ).
 
 write_result(Out, int(N)) :- write(Out, N).
 write_result(Out, atom(A)) :- json_write_text(Out, A).
