@@ -117,7 +117,7 @@ class Daemon:
             direct_max_connections=self.cfg.direct_max_connections,
             direct_max_connections_per_uid=self.cfg.direct_max_connections_per_uid,
             direct_reserved_privileged_connections=self.cfg.direct_reserved_privileged_connections,
-            direct_max_pending=self.cfg.direct_max_pending,
+            direct_max_pending=self.cfg.direct_max_pending, direct_write_timeout_s=self.cfg.write_timeout_s,
             direct_socket=direct, max_frame_bytes=self.cfg.max_frame_bytes,
             # An answer must fit in one of our frames, with room for the reply around it.
             max_reply_bytes=self.cfg.max_frame_bytes - 1024)

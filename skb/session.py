@@ -68,6 +68,7 @@ class EngineConfig:
     direct_max_connections_per_uid: int = 64  # of an unprivileged uid
     direct_reserved_privileged_connections: int = 64  # of direct_max_connections
     direct_max_pending: int = 64  # direct connections waiting for their hello (a new one closes the oldest)
+    direct_write_timeout_s: float = 10.0  # a direct connection that reads nothing of an answer this long is closed
     max_reply_bytes: int = MAX_REPLY_BYTES
     direct_socket: str | None = None  # the direct query channel's socket, or none
     max_frame_bytes: int = 1 << 20
@@ -84,7 +85,7 @@ class EngineConfig:
             "idle-timeout": self.direct_idle_timeout_s, "max-connections": self.direct_max_connections,
             "max-connections-per-uid": self.direct_max_connections_per_uid,
             "reserved-privileged-connections": self.direct_reserved_privileged_connections,
-            "max-pending": self.direct_max_pending,
+            "max-pending": self.direct_max_pending, "write-timeout": self.direct_write_timeout_s,
             "thread-stack": self.thread_stack_bytes,
             "max-reply-bytes": self.max_reply_bytes,
             "max-frame-bytes": self.max_frame_bytes,

@@ -356,3 +356,26 @@ def test_clients_that_never_read_large_answers_restart_nothing(open_daemon, chan
     with Client(str(d.path), app="rootapp") as root:
         assert root.execute_query("X = 1", timeout_s=2.0) == [{"X": 1}]
     assert int(Path(f"/proc/{d.proc.pid}/task/{d.proc.pid}/children").read_text().split()[0]) == engine
+
+
+def test_a_direct_connection_that_reads_no_answer_is_closed(tmp_path):
+    """Its thread blocked for ever in a write, holding the answer (item 4, on the direct channel)."""
+    d = start_daemon(tmp_path, "--machine", "magnycours", "--set", "write_timeout_s=1")
+    try:
+        main = RawConn(d.path)
+        offer = main.hello("slowreader")["skb"]
+        s = direct_socket(offer["socket"])
+        assert "result" in direct_rpc(s, "hello", {"version": 1, "token": offer["token"]})
+        # A ~590 KB answer that is quick to make, then waits for a reader that never comes.
+        s.sendall(_frame({"jsonrpc": "2.0", "id": 2, "method": "execute_query",
+                          "params": {"goal": "numlist(1, 100000, L)"}}))
+        time.sleep(5.0)
+        got, data = 0, b"x"
+        while data:
+            data = s.recv(1 << 16)
+            got += len(data)
+        assert 0 < got < 500_000, got  # what the socket held when the SKB gave up, then end of stream
+        # Others are served, the RM connection included.
+        assert main.call("execute_query", {"goal": "X = 1"})["result"]["solutions"] == [{"X": 1}]
+    finally:
+        d.stop()

@@ -39,7 +39,8 @@ One thread per connection: a slow or runaway client costs its own thread.
 Before `hello` a connection has hello_timeout seconds; once a frame has
 begun, its remaining bytes must arrive within frame_timeout seconds; a
 greeted connection that sends nothing for idle_timeout seconds is closed
-(each close is told to the client first: one error frame with the reason).
+(each close is told to the client first: one error frame with the reason),
+and so is one that reads nothing of an answer for write_timeout seconds.
 
 Connections per uid.  A token names its client, client(Uid, Privileged)
 (grant_token/3; the Resource Manager knows the peer's credentials).  At
@@ -64,6 +65,7 @@ default_option(max_connections, 1024).
 default_option(max_frame_bytes, 1048576).
 default_option(hello_timeout, 5).
 default_option(idle_timeout, 120).
+default_option(write_timeout, 10).
 default_option(max_connections_per_uid, 64).
 default_option(reserved_privileged_connections, 64).
 default_option(max_pending, 64).
@@ -186,6 +188,10 @@ serve_pair(Pair) :-
     stream_pair(Pair, In, Out),
     set_stream(In, type(binary)),
     set_stream(Out, type(binary)),
+    % A client that reads nothing of an answer for write_timeout seconds is
+    % closed: its thread and the answer it holds are not kept for ever.
+    direct_option(write_timeout, WT),
+    set_stream(Out, timeout(WT)),
     catch(session(In, Out, none), E, session_ended(E, Out)).
 
 session_ended(cod_evicted, Out) :- !,

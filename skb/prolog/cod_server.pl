@@ -79,6 +79,7 @@ default_setting(max_connections, 1024).
 default_setting(max_frame_bytes, 1048576).
 default_setting(hello_timeout, 5).
 default_setting(idle_timeout, 120).             % a greeted connection silent for this long is closed
+default_setting(write_timeout, 10).             % a connection that reads nothing of an answer this long is closed
 default_setting(max_connections_per_uid, 64).   % of an unprivileged uid
 default_setting(reserved_privileged_connections, 64). % of max_connections, for root and the daemon
 default_setting(max_pending, 64).               % connections waiting for their hello
@@ -147,7 +148,7 @@ start_direct :-
     ->  true
     ;   findall(Opt, ( member(Name, [thread_stack, max_connections, max_frame_bytes,
                                          hello_timeout, frame_timeout, max_time_limit,
-                                         inference_limit, rpc_codes, idle_timeout,
+                                         inference_limit, rpc_codes, idle_timeout, write_timeout,
                                          max_connections_per_uid,
                                          reserved_privileged_connections, max_pending]),
                        setting(Name, Value),
