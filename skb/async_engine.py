@@ -17,9 +17,12 @@ replayed; requests made meanwhile wait for it.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import signal
+import sys
+import termios
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -308,6 +311,7 @@ class AsyncSKB:
         """Restart an engine that answers no ping, or whose ping fails (its query pool stopped serving)."""
         if not self._ready.is_set():
             return
+        why = "it did not answer a ping"
         pong = self._send(codec.PING)
         waited = 0.0
         try:
@@ -319,14 +323,27 @@ class AsyncSKB:
                 except TimeoutError:
                     waited += PING_TIMEOUT_S
                     busy = _cpu_seconds(self.pid) - cpu >= PING_PROGRESS_CPU_S
-                    if (self._received == before and not busy) or waited >= PING_MAX_WAIT_S:
+                    if waited >= PING_MAX_WAIT_S:
+                        why = f"it answered no ping in {waited:g} s"
+                        raise
+                    if self._received == before and not busy and not self._output_unread():
+                        why = f"it did not answer a ping in {PING_TIMEOUT_S:g} s and made no progress"
                         raise
         except TimeoutError:
-            why = "it did not answer a ping"
+            pass
         except SKBError as err:
             why = f"its ping failed: {err.message}"
         if not self._closing:
             self._begin_restart(why)
+
+    def _output_unread(self) -> bool:
+        """Whether the engine has written output this process has not read yet (its delay is ours)."""
+        try:
+            pipe = self._transport.get_pipe_transport(1).get_extra_info("pipe")  # type: ignore[union-attr]
+            buf = fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0")
+            return int.from_bytes(buf, sys.byteorder) > 0
+        except (AttributeError, OSError, ValueError):
+            return False
 
     # ---- system-level facts ------------------------------------------
     async def load_machine(self, machine: "Machine") -> int:

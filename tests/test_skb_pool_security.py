@@ -369,7 +369,7 @@ def test_a_direct_connection_that_reads_no_answer_is_closed(tmp_path):
         # A ~590 KB answer that is quick to make, then waits for a reader that never comes.
         s.sendall(_frame({"jsonrpc": "2.0", "id": 2, "method": "execute_query",
                           "params": {"goal": "numlist(1, 100000, L)"}}))
-        time.sleep(5.0)
+        time.sleep(10.0)  # reading earlier would let a write that began late go through (a loaded machine)
         got, data = 0, b"x"
         while data:
             data = s.recv(1 << 16)
