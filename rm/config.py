@@ -65,6 +65,13 @@ class RMConfig:
     skb_max_threads: int = 256
     skb_worker_idle_s: float = 10.0
     skb_user: str = "cod-skb"            # the engine's unprivileged user when the daemon is root (else nobody)
+    skb_uid_threads: int = 16            # queries of one unprivileged uid running at once, both channels
+    skb_reserved_privileged_threads: int = 32  # of skb_max_threads, only for root and the daemon's user
+    direct_idle_timeout_s: float = 120.0  # a direct-channel connection that sends nothing this long is closed
+    direct_max_connections: int = 1024
+    direct_max_connections_per_uid: int = 64
+    direct_reserved_privileged_connections: int = 64  # of direct_max_connections
+    direct_max_pending: int = 64         # direct connections waiting for hello; a new one closes the oldest
     # ---- enforcement and monitoring (issue #6) ----
     enforce_mode: str = "auto"           # auto (cpuset as root when mounted, else affinity) | affinity | cpuset | none
     state_dir: str | None = None         # records of what was pinned, for crash cleanup; None: /run/cod as root

@@ -175,6 +175,11 @@ class Daemon:
             query_timeout_s=cfg.query_timeout_s, thread_stack_bytes=cfg.skb_thread_stack_bytes,
             memory_limit_bytes=cfg.skb_memory_limit_bytes, app_slots=cfg.skb_app_slots,
             max_threads=cfg.skb_max_threads, worker_idle_s=cfg.skb_worker_idle_s,
+            uid_threads=cfg.skb_uid_threads, reserved_privileged_threads=cfg.skb_reserved_privileged_threads,
+            direct_idle_timeout_s=cfg.direct_idle_timeout_s, direct_max_connections=cfg.direct_max_connections,
+            direct_max_connections_per_uid=cfg.direct_max_connections_per_uid,
+            direct_reserved_privileged_connections=cfg.direct_reserved_privileged_connections,
+            direct_max_pending=cfg.direct_max_pending, direct_write_timeout_s=cfg.write_timeout_s,
             direct_socket=os.path.join(private, "direct.sock") if cfg.direct_channel else None,
             max_frame_bytes=cfg.max_frame_bytes,
             # An answer must fit in one of our frames, with room for the reply around it.

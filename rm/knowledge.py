@@ -182,7 +182,7 @@ class Knowledge:
                             timeout_s: float) -> list[dict[str, Any]]:
         answer = await skb_call(self.skb.query(app_of(conn), goal, all_solutions=all_solutions,
                                                max_solutions=max_solutions, timeout_s=timeout_s,
-                                               tag=query_tag(conn)))
+                                               tag=query_tag(conn), client=(conn.peer.uid, conn.privileged)))
         return list(answer["solutions"])
 
     async def cancel(self, conn: Connection) -> int:

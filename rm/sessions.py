@@ -76,7 +76,7 @@ class Sessions:
             if conn.token is None:
                 conn.token = secrets.token_hex(16)
                 try:
-                    await self.skb.grant(conn.token, app)
+                    await self.skb.grant(conn.token, app, (conn.peer.uid, conn.privileged))
                 except SKBError as err:
                     log.warning("no direct channel for connection %d: %s", conn.id, err)
                     conn.token = None

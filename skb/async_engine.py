@@ -20,7 +20,11 @@ bytes move differently here.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
+import os
+import sys
+import termios
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -36,8 +40,25 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cod.skb")
 
-# How long a health check waits before the engine is presumed stuck.
+# How long a health check waits before the engine is presumed stuck: PING_TIMEOUT_S without
+# progress, or PING_MAX_WAIT_S in all while it makes progress.  Progress: replies to others keep
+# coming, or its threads use CPU (an engine busy with hundreds of large answers on a loaded machine
+# answered no ping within 5 s, and was restarted, failing every request in flight; issue 23).
 PING_TIMEOUT_S = 5.0
+PING_MAX_WAIT_S = 30.0
+PING_PROGRESS_CPU_S = 0.25  # CPU time over PING_TIMEOUT_S that shows an engine at work
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """CPU time (user + system) a process has used so far, 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 class _Pending:
@@ -90,6 +111,7 @@ class AsyncSKB:
         self._startup_line: asyncio.Future[bytes] | None = None
         self._restarting: asyncio.Task[None] | None = None
         self._closing = False
+        self._received = 0  # bytes read from the engine: a health check's sign of progress
 
     @classmethod
     async def start(cls, config: EngineConfig | None = None, **kwargs: Any) -> "AsyncSKB":
@@ -200,9 +222,10 @@ class AsyncSKB:
         return proc.pid if proc else None
 
     # ---- transport ---------------------------------------------------
-    def _on_data(self, protocol: _EngineProtocol, data: bytes) -> None:
+    def _on_data(self, protocol: _EngineOutput, data: bytes) -> None:
         if protocol is not self._protocol:
             return
+        self._received += len(data)
         try:
             lines = self._session.feed(data)
         except SKBError as err:
@@ -279,13 +302,42 @@ class AsyncSKB:
             raise SKBError("timeout", f"the engine did not answer within {wait:.1f} s") from None
 
     async def _health_check(self) -> None:
+        """Restart an engine that answers no ping, or whose ping fails (its query pool stopped serving)."""
         if not self._ready.is_set():
             return
+        why = "it did not answer a ping"
+        pong = self._send(codec.PING)
+        waited = 0.0
         try:
-            await asyncio.wait_for(self._send(codec.PING), PING_TIMEOUT_S)
-        except (TimeoutError, SKBError):
-            if not self._closing:
-                self._begin_restart("it did not answer a ping")
+            while True:
+                before, cpu = self._received, _cpu_seconds(self.pid)
+                try:
+                    await asyncio.wait_for(asyncio.shield(pong), PING_TIMEOUT_S)
+                    return
+                except TimeoutError:
+                    waited += PING_TIMEOUT_S
+                    busy = _cpu_seconds(self.pid) - cpu >= PING_PROGRESS_CPU_S
+                    if waited >= PING_MAX_WAIT_S:
+                        why = f"it answered no ping in {waited:g} s"
+                        raise
+                    if self._received == before and not busy and not self._output_unread():
+                        why = f"it did not answer a ping in {PING_TIMEOUT_S:g} s and made no progress"
+                        raise
+        except TimeoutError:
+            pass
+        except SKBError as err:
+            why = f"its ping failed: {err.message}"
+        if not self._closing:
+            self._begin_restart(why)
+
+    def _output_unread(self) -> bool:
+        """Whether the engine has written output this process has not read yet (its delay is ours)."""
+        try:
+            pipe = self._output.get_extra_info("pipe")  # type: ignore[union-attr]
+            buf = fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0")
+            return int.from_bytes(buf, sys.byteorder) > 0
+        except (AttributeError, OSError, ValueError):
+            return False
 
     # ---- system-level facts ------------------------------------------
     async def load_machine(self, machine: "Machine") -> int:
@@ -357,8 +409,8 @@ class AsyncSKB:
         return list(await self._run(codec.load_library(self._engine.engine_path(Path(path).resolve()))))
 
     # ---- capabilities of the direct channel -----------------------------
-    async def grant(self, token: str, app: str) -> None:
-        await self._run(codec.grant(token, app))
+    async def grant(self, token: str, app: str, client: codec.Client | None = None) -> None:
+        await self._run(codec.grant(token, app, client))
 
     async def revoke(self, token: str) -> None:
         await self._run(codec.revoke(token))
@@ -369,9 +421,11 @@ class AsyncSKB:
 
     # ---- queries --------------------------------------------------------
     async def query(self, app: str, goal: str, *, all_solutions: bool = True, timeout_s: float | None = None,
-                    max_solutions: int = 10_000, tag: str | None = None) -> dict[str, Any]:
-        """``tag``: whom the query runs for, so that cancel(tag) can stop it."""
-        op, timeout = self.config.query_op(app, goal, all_solutions, timeout_s, max_solutions, tag)
+                    max_solutions: int = 10_000, tag: str | None = None,
+                    client: codec.Client | None = None) -> dict[str, Any]:
+        """``tag``: whom the query runs for, so that cancel(tag) can stop it; ``client``: (uid, privileged),
+        for the engine's per-uid shares of its threads (none: the daemon's own query)."""
+        op, timeout = self.config.query_op(app, goal, all_solutions, timeout_s, max_solutions, tag, client)
         return dict(await self._run(op, timeout))
 
     async def execute_query(self, app: str, goal: str, *, all_solutions: bool = True,

@@ -168,10 +168,26 @@ def batch(ops: list[Op]) -> Op:
 _TOKEN = re.compile(r"[0-9a-f]{16,128}\Z")
 
 
-def grant(token: str, app: str) -> Op:
+Client = tuple[int, bool]  # whom a query runs for: the peer's uid, and whether it is privileged
+
+
+def _uid(client: Client) -> int:
+    uid = client[0]
+    if isinstance(uid, bool) or not isinstance(uid, int) or uid < 0:
+        raise SKBError("invalid", f"a uid is a non-negative integer, got {uid!r}")
+    return uid
+
+
+def client_term(client: Client) -> str:
+    return f"client({_uid(client)},{'true' if client[1] else 'false'})"
+
+
+def grant(token: str, app: str, client: Client | None = None) -> Op:
+    """``client``: whose connections the token opens (the direct channel's per-uid caps); none: the daemon's."""
     if not _TOKEN.match(token):
         raise SKBError("invalid", "a capability token is 16..128 lower-case hex digits")
-    return Op(f"grant({atom(token)},{app_atom(app)})", True, replaces=frozenset({f"token:{token}"}))
+    whom = "" if client is None else f",{client_term(client)}"
+    return Op(f"grant({atom(token)},{app_atom(app)}{whom})", True, replaces=frozenset({f"token:{token}"}))
 
 
 def revoke(token: str) -> Op:
@@ -221,10 +237,13 @@ def cancel(tag: str) -> Op:
 
 
 def query(app: str, goal: str, *, all_solutions: bool, max_solutions: int, timeout_s: float,
-          inference_limit: int | None, tag: str | None = None) -> Op:
+          inference_limit: int | None, tag: str | None = None, client: Client | None = None) -> Op:
+    """``client``: whom the query runs for (the pool's per-uid shares); none: the daemon."""
     opts = _query_options(all_solutions, max_solutions, timeout_s, inference_limit)
     if tag is not None:
         opts = f"[tag({atom(tag)}),{opts[1:]}"
+    if client is not None:
+        opts = f"[uid({_uid(client)}),privileged({'true' if client[1] else 'false'}),{opts[1:]}"
     return Op(f"query({app_atom(app)},{string(goal)},{opts})")
 
 

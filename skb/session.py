@@ -63,6 +63,14 @@ class EngineConfig:
     app_slots: int = 4  # queries of one application running at once
     max_threads: int = 256
     worker_idle_s: float = 10.0  # an idle query worker (beyond 4) leaves after this
+    uid_threads: int = 16  # queries of one unprivileged uid running at once
+    reserved_privileged_threads: int = 32  # of max_threads, for root and the daemon only
+    direct_idle_timeout_s: float = 120.0  # a greeted direct connection silent this long is closed
+    direct_max_connections: int = 1024
+    direct_max_connections_per_uid: int = 64  # of an unprivileged uid
+    direct_reserved_privileged_connections: int = 64  # of direct_max_connections
+    direct_max_pending: int = 64  # direct connections waiting for their hello (a new one closes the oldest)
+    direct_write_timeout_s: float = 10.0  # a direct connection that reads nothing of an answer this long is closed
     max_reply_bytes: int = MAX_REPLY_BYTES
     direct_socket: str | None = None  # the direct query channel's socket, or none
     max_frame_bytes: int = 1 << 20
@@ -81,6 +89,11 @@ class EngineConfig:
             "app-slots": self.app_slots,
             "max-threads": self.max_threads,
             "worker-idle-s": self.worker_idle_s,
+            "uid-threads": self.uid_threads, "reserved-privileged-threads": self.reserved_privileged_threads,
+            "idle-timeout": self.direct_idle_timeout_s, "max-connections": self.direct_max_connections,
+            "max-connections-per-uid": self.direct_max_connections_per_uid,
+            "reserved-privileged-connections": self.direct_reserved_privileged_connections,
+            "max-pending": self.direct_max_pending, "write-timeout": self.direct_write_timeout_s,
             "thread-stack": self.thread_stack_bytes,
             "max-reply-bytes": self.max_reply_bytes,
             "max-frame-bytes": self.max_frame_bytes,
@@ -97,11 +110,12 @@ class EngineConfig:
         return cmd
 
     def query_op(self, app: str, goal: str, all_solutions: bool, timeout_s: float | None,
-                 max_solutions: int, tag: str | None = None) -> tuple[Op, float]:
+                 max_solutions: int, tag: str | None = None,
+                 client: codec.Client | None = None) -> tuple[Op, float]:
         """The engine operation for a query, and the time limit it runs under."""
         timeout = self.query_timeout_s if timeout_s is None else min(timeout_s, self.query_timeout_s)
         op = codec.query(app, goal, all_solutions=all_solutions, max_solutions=max_solutions,
-                         timeout_s=timeout, inference_limit=self.inference_limit, tag=tag)
+                         timeout_s=timeout, inference_limit=self.inference_limit, tag=tag, client=client)
         return op, timeout
 
     def library_files(self) -> list[Path]:

@@ -259,12 +259,16 @@ def test_the_query_pool_grows_for_a_burst_and_shrinks_back() -> None:
                 await engine.add_facts(app, PERSISTENT, ["n(1)"])
             answers = await asyncio.gather(*(engine.execute_query(app, "sleep(1), n(X)") for app in apps))
             assert answers == [[{"X": 1}]] * 20
+            # Each job has a worker reserved when it is queued, so the pool grew to one worker per
+            # query however slowly the workers woke up.  The high-water mark, not the count after
+            # the answers: on a loaded machine the first workers done may have left already (they
+            # were idle for worker_idle_s before the last answer arrived; issue 23).
             grown = await engine.stats()
-            assert grown["workers"] >= 10, grown  # 20 unless a loaded machine was slow to hand them out
+            assert grown["peak_workers"] == 20, grown
             await asyncio.sleep(3.0)
             shrunk = await engine.stats()
             assert shrunk["workers"] == 4, shrunk
-            assert shrunk["idle"] >= 3, shrunk  # the stats request itself may hold one
+            assert shrunk["idle"] == 4 and shrunk["backlog"] == 0, shrunk  # stats is answered inline
             # and the pool still serves a burst after shrinking
             answers = await asyncio.gather(*(engine.execute_query(app, "sleep(0.1), n(X)") for app in apps[:10]))
             assert answers == [[{"X": 1}]] * 10

@@ -4,6 +4,7 @@
 :- module(cod_direct,
           [ direct_listen/2,         % +SocketPath, +Options
             grant_token/2,           % +Token, +App
+            grant_token/3,           % +Token, +App, +Client
             revoke_token/1           % +Token
           ]).
 :- use_module(library(socket)).
@@ -11,6 +12,7 @@
 :- use_module(library(lists)).
 :- use_module(library(apply)).
 :- use_module(library(option)).
+:- use_module(library(aggregate)).
 :- use_module(library(memfile)).
 :- use_module(library(http/json)).
 :- use_module(library(http/http_stream)).
@@ -35,12 +37,26 @@ query itself is run by the server's run_query hook (cod_server.pl).
 
 One thread per connection: a slow or runaway client costs its own thread.
 Before `hello` a connection has hello_timeout seconds; once a frame has
-begun, its remaining bytes must arrive within frame_timeout seconds.
+begun, its remaining bytes must arrive within frame_timeout seconds; a
+greeted connection that sends nothing for idle_timeout seconds is closed
+(each close is told to the client first: one error frame with the reason),
+and so is one that reads nothing of an answer for write_timeout seconds.
+
+Connections per uid.  A token names its client, client(Uid, Privileged)
+(grant_token/3; the Resource Manager knows the peer's credentials).  At
+most max_pending connections wait for their hello at once (a new one
+closes the oldest: the one who waits longest is the one who sends
+nothing); at its hello a connection of an unprivileged uid is refused
+(error -32070, then closed) when its uid already holds
+max_connections_per_uid of them, or when unprivileged uids together hold
+max_connections - reserved_privileged_connections - max_pending.  So the
+connections of root and the daemon's user always fit.
 */
 
 :- dynamic
-    token/2,               % Token, App
+    token/3,               % Token, App, Client
     conn_token/2,          % Thread, Token
+    conn_state/2,          % Thread, pending(Since) or Client
     direct_option/2.       % Name, Value
 
 :- meta_predicate direct_listen(+, :).
@@ -48,6 +64,11 @@ begun, its remaining bytes must arrive within frame_timeout seconds.
 default_option(max_connections, 1024).
 default_option(max_frame_bytes, 1048576).
 default_option(hello_timeout, 5).
+default_option(idle_timeout, 120).
+default_option(write_timeout, 10).
+default_option(max_connections_per_uid, 64).
+default_option(reserved_privileged_connections, 64).
+default_option(max_pending, 64).
 default_option(frame_timeout, 10).
 default_option(max_time_limit, 5).
 default_option(inference_limit, 10000000).
@@ -78,18 +99,28 @@ direct_listen(Path, M:Options) :-
                   [alias(cod_direct_acceptor), detached(true)]).
 
 %!  grant_token(+Token, +App) is det.
+%!  grant_token(+Token, +App, +Client) is det.
+%
+%   Token opens App's queries to the client Client, client(Uid,
+%   Privileged); a token granted without a client is the daemon's own.
 grant_token(Token, App) :-
+    grant_token(Token, App, client(daemon, true)).
+grant_token(Token, App, Client) :-
     must_be(atom, Token),
     must_be(atom, App),
-    retractall(token(Token, _)),
-    assertz(token(Token, App)).
+    (   Client = client(Uid, P), ( Uid == daemon ; integer(Uid), Uid >= 0 ), must_be(boolean, P)
+    ->  true
+    ;   domain_error(cod_client, Client)
+    ),
+    retractall(token(Token, _, _)),
+    assertz(token(Token, App, Client)).
 
 %!  revoke_token(+Token) is det.
 %
 %   The token is no longer valid; connections using it are closed (a
 %   query they run is stopped).
 revoke_token(Token) :-
-    retractall(token(Token, _)),
+    retractall(token(Token, _, _)),
     forall(conn_token(Thread, Token),
            catch(thread_signal(Thread, throw(cod_revoked)), _, true)).
 
@@ -98,7 +129,7 @@ revoke_token(Token) :-
 %   any catch/3 of a connection's thread; there it must end the session,
 %   never become the error of the request being read or answered.
 not_revoked(E) :-
-    (   E == cod_revoked
+    (   ( E == cod_revoked ; E == cod_evicted )
     ->  throw(E)
     ;   true
     ).
@@ -110,7 +141,8 @@ accept_loop(AcceptFd) :-
     flag(cod_direct_connections, N, N),
     (   N >= Max
     ->  tcp_close_socket(Socket)
-    ;   flag(cod_direct_connections, N1, N1+1),
+    ;   make_room_for_hello,
+        flag(cod_direct_connections, N1, N1+1),
         direct_option(stack_limit, Stack),
         catch(thread_create(serve_connection(Socket), _,
                             [detached(true), stack_limit(Stack)]),
@@ -120,7 +152,26 @@ accept_loop(AcceptFd) :-
     ),
     fail.
 
+%   make_room_for_hello: at most max_pending connections wait for their
+%   hello; the one waiting longest is closed for a new one.
+make_room_for_hello :-
+    direct_option(max_pending, Max),
+    with_mutex(cod_direct_conns,
+               (   aggregate_all(count, conn_state(_, pending(_)), N),
+                   N >= Max,
+                   aggregate_all(min(Since, T), conn_state(T, pending(Since)), min(_, Oldest))
+               ->  retract(conn_state(Oldest, _))
+               ;   Oldest = none
+               )),
+    (   Oldest == none
+    ->  true
+    ;   catch(thread_signal(Oldest, throw(cod_evicted)), _, true)
+    ).
+
 serve_connection(Socket) :-
+    thread_self(Me),
+    get_time(Now),
+    with_mutex(cod_direct_conns, assertz(conn_state(Me, pending(Now)))),
     setup_call_cleanup(
         tcp_open_socket(Socket, Pair),
         serve_pair(Pair),
@@ -129,6 +180,7 @@ serve_connection(Socket) :-
 close_connection(Pair) :-
     thread_self(Me),
     retractall(conn_token(Me, _)),
+    with_mutex(cod_direct_conns, retractall(conn_state(Me, _))),
     flag(cod_direct_connections, N, N-1),
     catch(close(Pair, [force(true)]), _, true).
 
@@ -136,7 +188,24 @@ serve_pair(Pair) :-
     stream_pair(Pair, In, Out),
     set_stream(In, type(binary)),
     set_stream(Out, type(binary)),
-    catch(session(In, Out, none), E, session_ended(E)).
+    % A client that reads nothing of an answer for write_timeout seconds is
+    % closed: its thread and the answer it holds are not kept for ever.
+    direct_option(write_timeout, WT),
+    set_stream(Out, timeout(WT)),
+    catch(session(In, Out, none), E, session_ended(E, Out)).
+
+session_ended(cod_evicted, Out) :- !,
+    direct_option(max_pending, Max),
+    format(string(Msg), "no hello yet, and ~w newer connections wait for theirs; closing", [Max]),
+    catch(send_error(Out, null, -32000, Msg, []), _, true).
+session_ended(cod_idle(hello, T), Out) :- !,
+    format(string(Msg), "no hello within ~w s; closing", [T]),
+    catch(send_error(Out, null, -32000, Msg, []), _, true).
+session_ended(cod_idle(idle, T), Out) :- !,
+    format(string(Msg), "no request for ~w s (idle_timeout); closing", [T]),
+    catch(send_error(Out, null, -32071, Msg, []), _, true).
+session_ended(E, _) :-
+    session_ended(E).
 
 session_ended(cod_revoked) :- !.
 session_ended(cod_close) :- !.
@@ -149,10 +218,11 @@ session_ended(_).
 %   `none` until a valid hello.
 session(In, Out, App) :-
     (   App == none
-    ->  direct_option(hello_timeout, T0), set_stream(In, timeout(T0))
-    ;   set_stream(In, timeout(infinite))
+    ->  direct_option(hello_timeout, T0), Why = hello
+    ;   direct_option(idle_timeout, T0), Why = idle
     ),
-    get_byte(In, B0),
+    set_stream(In, timeout(T0)),
+    catch(get_byte(In, B0), error(timeout_error(_, _), _), throw(cod_idle(Why, T0))),
     (   B0 == -1
     ->  true
     ;   direct_option(frame_timeout, FT),
@@ -243,8 +313,11 @@ handle(request(Id, Method, Params), Out, App0, App) :-
     ;   E = rpc(Code, Msg, Data)
     ->  App = App0,
         send_error(Out, Id, Code, Msg, Data)
-    ;   E = cod_revoked
+    ;   ( E == cod_revoked ; E == cod_evicted )
     ->  throw(E)
+    ;   E = rpc_close(Code, Msg)
+    ->  send_error(Out, Id, Code, Msg, []),
+        throw(cod_close)
     ;   App = App0,
         send_engine_error(Out, Id, E)
     ).
@@ -257,18 +330,20 @@ method("hello", Params, _, App, json([protocol-1, app-App])) :- !,
     ->  true
     ;   throw(rpc(-32001, "protocol version is not supported; this SKB speaks 1", [supported-[1]]))
     ),
-    (   get_dict(token, Params, T), string(T), atom_string(Token, T), token(Token, App)
+    (   get_dict(token, Params, T), string(T), atom_string(Token, T), token(Token, App, Client)
     ->  thread_self(Me),
+        admit(Me, Client),
         retractall(conn_token(Me, _)),
         assertz(conn_token(Me, Token)),
-        nb_setval(cod_tag, Token)
+        nb_setval(cod_tag, Token),
+        nb_setval(cod_client, Client)
     ;   throw(rpc(-32010, "this capability is not valid (its connection to the Resource Manager has ended, or it was never issued)", []))
     ).
 method(_, _, none, _, _) :- !,
     throw(rpc(-32000, "send 'hello' with your capability first", [])).
 method(_, _, App, _, _) :-
     thread_self(Me),
-    \+ ( conn_token(Me, Token), token(Token, App) ), !,
+    \+ ( conn_token(Me, Token), token(Token, App, _) ), !,
     throw(rpc(-32010, "this capability is not valid (its connection to the Resource Manager has ended, or it was never issued)", [])).
 method("ping", _, App, App, atom(pong)) :- !.
 method("execute_query", Params, App, App, answer(Answer)) :- !,
@@ -287,10 +362,43 @@ method("execute_query", Params, App, App, answer(Answer)) :- !,
     param_time(Params, MaxT, Time),
     direct_option(inference_limit, Inf),
     direct_option(run_query, Run),
-    call(Run, App, Goal, [all(All), max_solutions(MaxSol), time_limit(Time), inference_limit(Inf)], Answer).
+    nb_getval(cod_client, client(Uid, Priv)),
+    (   Uid == daemon -> Whom = [] ; Whom = [uid(Uid), privileged(Priv)] ),
+    call(Run, App, Goal, [all(All), max_solutions(MaxSol), time_limit(Time), inference_limit(Inf)|Whom],
+         Answer).
 method(Other, _, _, _, _) :-
     format(string(M), "unknown method ~q; known: execute_query, hello, ping", [Other]),
     throw(rpc(-32601, M, [])).
+
+%   admit(+Thread, +Client): Thread's connection now serves Client, unless
+%   Client's uid holds its share of connections already (rpc_close/2:
+%   refused, then closed).
+admit(Me, Client) :-
+    with_mutex(cod_direct_conns,
+               (   refusal(Me, Client, Why)
+               ->  true
+               ;   retractall(conn_state(Me, _)),
+                   assertz(conn_state(Me, Client)),
+                   Why = none
+               )),
+    (   Why == none
+    ->  true
+    ;   throw(rpc_close(-32070, Why))
+    ).
+
+refusal(Me, client(Uid, false), Why) :-
+    direct_option(max_connections_per_uid, PerUid),
+    aggregate_all(count, ( conn_state(T, client(Uid, _)), T \== Me ), N),
+    N >= PerUid, !,
+    format(string(Why), "uid ~w already holds ~w direct connections (max_connections_per_uid); closing", [Uid, N]).
+refusal(Me, client(_, false), Why) :-
+    direct_option(max_connections, Max),
+    direct_option(reserved_privileged_connections, Reserved),
+    direct_option(max_pending, Pending),
+    Ceiling is max(1, Max - Reserved - Pending),
+    aggregate_all(count, ( conn_state(T, client(_, false)), T \== Me ), N),
+    N >= Ceiling,
+    format(string(Why), "unprivileged uids hold ~w direct connections, all those not kept for root and the daemon; closing", [N]).
 
 check_params(Method, Params, Known) :-
     dict_keys(Params, Keys),

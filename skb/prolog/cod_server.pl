@@ -26,6 +26,7 @@
 :- use_module(cod_errors).
 :- use_module(cod_limits).
 :- use_module(cod_direct).
+:- use_module(cod_pool).
 
 /** <module> The SKB server
 
@@ -36,17 +37,20 @@ Threads, and why:
   - cod_writer: every change (system facts, the allocation, application
     facts and procedures), one at a time, each in transaction/1: readers
     never see half a change, and a change that fails leaves nothing.
-  - workers (a pool that grows on demand up to max_threads, and shrinks
-    back to min_workers when idle): queries and other reads.  Each query
-    runs in snapshot/1 under its own time, inference and stack limits; a
-    runaway query costs its own thread only.
+  - workers (cod_pool.pl: a pool that grows on demand up to max_threads,
+    and shrinks back to min_workers when idle): queries and other reads.
+    Each query runs in snapshot/1 under its own time, inference and stack
+    limits; a runaway query costs its own thread only, and a worker that
+    dies is counted out of the pool and its job answered.
   - direct channel: an acceptor and one thread per connection
-    (cod_direct.pl), under the same limits and per-application slots.
+    (cod_direct.pl), under the same limits and slots.
 
-Fairness: at most app_slots queries of one application run at once, on
-both channels together; the others wait in that application's own FIFO,
-so one application's slow queries never make another application wait
-for a slot.  CPU time between running queries is shared by the kernel.
+Fairness (cod_pool.pl): at most app_slots queries of one application and
+uid_threads of one unprivileged uid run at once, on both channels
+together, and unprivileged uids together leave reserved_privileged_threads
+to root and the daemon; the others wait in one FIFO, so one application's
+or one uid's slow queries never make another wait for a slot.  CPU time
+between running queries is shared by the kernel.
 */
 
 % Library files (stored_procedures/) load the schema as cod_skb(cod_sys).
@@ -56,15 +60,17 @@ for a slot.  CPU time between running queries is shared by the kernel.
 
 :- dynamic
     setting/2,             % Name, Value (from the command line)
-    protocol_out/1,        % Stream: the control channel's output
-    running/2,             % App, Count: queries of App running now
-    parked/3,              % App, Seq, Job: waiting for a slot of App
-    busy_app/2.            % App, Count: threads in App's code (for collection)
+    protocol_out/1.        % Stream: the control channel's output
 
 default_setting(app_slots, 4).
 default_setting(max_threads, 256).
 default_setting(min_workers, 4).                % the pool never shrinks below this
 default_setting(worker_idle_s, 10).             % an idle worker beyond min_workers leaves after this
+default_setting(uid_threads, 16).               % queries of one unprivileged uid running at once
+default_setting(reserved_privileged_threads, 32). % of max_threads, only for root and the daemon
+default_setting(pool_stall_s, 15).              % queued jobs and none taken for this long: ping fails
+default_setting(bulk_reply_chars, 65536).       % a reply longer than this is bulk ...
+default_setting(bulk_replies_queued, 8).        % ... and at most this many bulk replies wait to be sent
 default_setting(thread_stack, 268435456).       % bytes, per thread
 default_setting(max_reply_bytes, 67108864).
 default_setting(direct_socket, '').
@@ -72,6 +78,11 @@ default_setting(direct_socket, '').
 default_setting(max_connections, 1024).
 default_setting(max_frame_bytes, 1048576).
 default_setting(hello_timeout, 5).
+default_setting(idle_timeout, 120).             % a greeted connection silent for this long is closed
+default_setting(write_timeout, 10).             % a connection that reads nothing of an answer this long is closed
+default_setting(max_connections_per_uid, 64).   % of an unprivileged uid
+default_setting(reserved_privileged_connections, 64). % of max_connections, for root and the daemon
+default_setting(max_pending, 64).               % connections waiting for their hello
 default_setting(frame_timeout, 10).
 default_setting(max_time_limit, 5).
 default_setting(inference_limit, 10000000).
@@ -101,13 +112,15 @@ main :-
     autoload_all,
     set_prolog_flag(autoload, false),
     message_queue_create(_, [alias(cod_writer)]),
-    message_queue_create(_, [alias(cod_jobs)]),
+    start_pool,
     setting(thread_stack, Stack),
     thread_create(writer_loop, _, [alias(cod_writer_thread), stack_limit(Stack)]),
     start_watchdog,
     start_direct,
+    start_output(Out),
     send_line('{"ready":true}'),
-    serve(In).
+    serve(In),
+    flush_replies.
 
 read_settings(Argv) :-
     forall(default_setting(Name, Default),
@@ -121,13 +134,23 @@ read_settings(Argv) :-
                assertz(setting(Name, Value))
            )).
 
+start_pool :-
+    findall(Opt, ( member(Name, [app_slots, uid_threads, reserved_privileged_threads, max_threads,
+                                 min_workers, worker_idle_s, pool_stall_s, thread_stack]),
+                   setting(Name, Value),
+                   direct_name(Name, PName),
+                   Opt =.. [PName, Value] ), Opts),
+    pool_init([run(cod_server:run_op), died(cod_server:job_died)|Opts]).
+
 start_direct :-
     setting(direct_socket, Path),
     (   Path == ''
     ->  true
     ;   findall(Opt, ( member(Name, [thread_stack, max_connections, max_frame_bytes,
                                          hello_timeout, frame_timeout, max_time_limit,
-                                         inference_limit, rpc_codes]),
+                                         inference_limit, rpc_codes, idle_timeout, write_timeout,
+                                         max_connections_per_uid,
+                                         reserved_privileged_connections, max_pending]),
                        setting(Name, Value),
                        direct_name(Name, DName),
                        Opt =.. [DName, Value] ), Opts),
@@ -176,11 +199,34 @@ dispatch(inline, Id, Op) :-
 dispatch(write, Id, Op) :-
     thread_send_message(cod_writer, job(Id, Op)).
 dispatch(read, Id, Op) :-
-    submit(job(Id, Op, none)).
+    submit(job(Id, Op, none, none)).
 dispatch(query(App), Id, Op) :-
     (   atom(App), valid_app_name(App)
-    ->  request_slot(App, job(Id, Op, App))
+    ->  (   catch(op_client(Op, Client), E, true)
+        ->  (   var(E)
+            ->  request_slot(App, Client, job(Id, Op, App, Client))
+            ;   reply_error(Id, E)
+            )
+        ;   reply_error(Id, error(domain_error(cod_client, Op), _))
+        )
     ;   reply_error(Id, error(domain_error(cod_app_name, App), _))
+    ).
+
+%   op_client(+Op, -Client): whom a query runs for, client(Uid, Privileged),
+%   from its options uid(Uid) and privileged(Bool); a query that names no
+%   uid is the Resource Manager's own (privileged).
+op_client(query(_, _, Options), Client) :- !,
+    options_client(Options, Client).
+op_client(evaluate(_, _, _, Options), Client) :- !,
+    options_client(Options, Client).
+op_client(_, client(daemon, true)).
+
+options_client(Options, Client) :-
+    (   is_list(Options), memberchk(uid(Uid), Options)
+    ->  must_be(nonneg, Uid),
+        (   memberchk(privileged(P), Options) -> must_be(boolean, P) ; P = false ),
+        Client = client(Uid, P)
+    ;   Client = client(daemon, true)
     ).
 
 %   op_kind(+Operation, -Kind): who runs it.
@@ -203,6 +249,7 @@ op_kind(snapshot, write).
 op_kind(restore_system(_), write).
 op_kind(restore_app(_, _), write).
 op_kind(grant(_, _), write).
+op_kind(grant(_, _, _), write).
 op_kind(batch(_), write).
 op_kind(revoke(_), write).
 op_kind(list_facts(_, _), read).
@@ -237,129 +284,10 @@ after_write(_).
 collect_app(App) :-
     with_mutex(cod_slots,
                (   empty_app(App, M),
-                   \+ busy_app(App, _)
+                   \+ app_busy(App)
                ->  destroy_app(App, M)
                ;   true
                )).
-
-		 /*******************************
-		 *    SLOTS AND THE WORKERS     *
-		 *******************************/
-
-%   request_slot(+App, +Job): run Job when App has a free slot; jobs of
-%   one application wait in their order, others are not affected.
-request_slot(App, Job) :-
-    with_mutex(cod_slots,
-               (   take_slot(App)
-               ->  Ready = true
-               ;   park(App, Job),
-                   Ready = false
-               )),
-    (   Ready == true -> submit(Job) ; true ).
-
-take_slot(App) :-
-    setting(app_slots, Max),
-    (   retract(running(App, N0)) -> true ; N0 = 0 ),
-    (   N0 < Max
-    ->  N is N0 + 1,
-        assertz(running(App, N)),
-        mark_busy(App, 1)
-    ;   assertz(running(App, N0)),
-        fail
-    ).
-
-park(App, Job) :-
-    flag(cod_park_seq, Seq, Seq+1),
-    assertz(parked(App, Seq, Job)).
-
-%   release_slot(+App): one of App's queries is over.  The slot goes to
-%   App's next waiting job, if any.
-release_slot(App) :-
-    with_mutex(cod_slots,
-               (   parked(App, Seq, Job)
-               ->  retract(parked(App, Seq, Job)),
-                   Next = Job
-               ;   retract(running(App, N0)),
-                   N is N0 - 1,
-                   (   N > 0 -> assertz(running(App, N)) ; true ),
-                   mark_busy(App, -1),
-                   Next = none
-               )),
-    (   Next == none -> true ; resume(Next) ).
-
-resume(wake(Thread)) :- !,
-    thread_send_message(Thread, cod_slot).
-resume(Job) :-
-    submit(Job).
-
-mark_busy(App, D) :-
-    (   retract(busy_app(App, N0)) -> true ; N0 = 0 ),
-    N is N0 + D,
-    (   N > 0 -> assertz(busy_app(App, N)) ; true ).
-
-%!  with_app_slot(+App, :Goal)
-%
-%   Run Goal (application code of App, from a direct connection's thread)
-%   once App has a free slot, waiting in App's FIFO otherwise.
-:- meta_predicate with_app_slot(+, 0).
-with_app_slot(App, Goal) :-
-    thread_self(Me),
-    with_mutex(cod_slots,
-               (   take_slot(App)
-               ->  Wait = false
-               ;   park(App, wake(Me)),
-                   Wait = true
-               )),
-    (   Wait == true -> thread_get_message(Me, cod_slot) ; true ),
-    setup_call_cleanup(true, Goal, release_slot(App)).
-
-%   submit(+Job): hand a job to the pool, growing it when every worker
-%   is busy (so a job never waits behind another application's job).
-%   The job is queued under the pool's mutex, so a worker that leaves
-%   (leave_pool/0) never leaves a job without an idle worker.
-submit(Job) :-
-    with_mutex(cod_pool, ( grow_pool, thread_send_message(cod_jobs, Job) )).
-
-grow_pool :-
-    flag(cod_idle, Idle, Idle),
-    message_queue_property(cod_jobs, size(Queued)),
-    flag(cod_workers, Total, Total),
-    setting(max_threads, Max),
-    (   Idle =< Queued, Total < Max
-    ->  setting(thread_stack, Stack),
-        flag(cod_workers, T, T+1),
-        flag(cod_idle, I, I+1),
-        thread_create(worker_loop, _, [stack_limit(Stack), detached(true)])
-    ;   true
-    ).
-
-%   A worker left idle for worker_idle_s seconds leaves, unless it is one
-%   of the last min_workers: after a burst of clients the pool shrinks
-%   back, because every thread costs every write (clause garbage
-%   collection visits each thread) and memory.
-worker_loop :-
-    setting(worker_idle_s, Idle),
-    (   thread_get_message(cod_jobs, job(Id, Op, App), [timeout(Idle)])
-    ->  flag(cod_idle, I0, I0-1),
-        once(run_op(Id, Op)),  % no choice point may survive a job (the loop would keep its frame)
-        (   App == none -> true ; release_slot(App) ),
-        flag(cod_idle, I1, I1+1),
-        worker_loop
-    ;   with_mutex(cod_pool, leave_pool)
-    ->  true
-    ;   worker_loop
-    ).
-
-%   leave_pool: succeeds (and counts this worker out) when no job waits and
-%   more than min_workers would be left; run under the cod_pool mutex, as
-%   grow_pool is.
-leave_pool :-
-    message_queue_property(cod_jobs, size(0)),
-    flag(cod_workers, Total, Total),
-    setting(min_workers, Min),
-    Total > Min,
-    flag(cod_workers, T, T-1),
-    flag(cod_idle, I, I-1).
 
 		 /*******************************
 		 *          OPERATIONS          *
@@ -369,6 +297,12 @@ leave_pool :-
 run_op(Id, Op) :-
     op_outcome(Op, Outcome),
     send_outcome(Id, Outcome).
+
+%   job_died(+Id, +Status): the worker running request Id ended before
+%   answering it (cod_pool.pl); its caller gets an error now.
+:- public job_died/2.
+job_died(Id, _Status) :-
+    reply_error(Id, error(resource_error(cod_query_worker), _)).
 
 %   op_outcome(+Op, -Outcome): ok(Result) or error(E).
 op_outcome(Op, Outcome) :-
@@ -407,14 +341,20 @@ op_tag(evaluate(_, _, _, Options), Tag) :-
 op_tag(_, none).
 
 %!  op_result(+Operation, -Result) is det.
-op_result(ping, atom(pong)).
-op_result(stats, json([workers-W, idle-I, app_slots-S, apps-A, app_modules-AM, atoms-At,
-                        largest_thread_stack-St])) :-
+op_result(ping, atom(pong)) :-
+    % pong only while the query pool serves (cod_pool.pl): an engine whose
+    % pool stopped is restarted by the Resource Manager as a dead one is.
+    pool_health(Health),
+    (   Health == ok
+    ->  true
+    ;   throw(error(resource_error(cod_query_pool), context(ping, Health)))
+    ).
+op_result(stats, json([app_slots-S, apps-A, app_modules-AM, atoms-At,
+                        largest_thread_stack-St|Pool])) :-
     aggregate_all(max(B), ( thread_property(T, status(running)),
                             catch(thread_statistics(T, stack, B), _, fail) ), St0),
     (   number(St0) -> St = St0 ; St = 0 ),
-    flag(cod_workers, W, W),
-    flag(cod_idle, I, I),
+    pool_stats(Pool),
     setting(app_slots, S),
     aggregate_all(count, existing_app_module(_, _), A),
     aggregate_all(count, ( current_module(Mod), sub_atom(Mod, 0, _, _, app_) ), AM),
@@ -522,6 +462,8 @@ op_result(batch(Ops), list(Results)) :-
     maplist(op_result, Ops, Results).
 op_result(grant(Token, App), atom(ok)) :-
     grant_token(Token, App).
+op_result(grant(Token, App, Client), atom(ok)) :-
+    grant_token(Token, App, Client).
 op_result(revoke(Token), atom(ok)) :-
     revoke_token(Token).
 op_result(time_query(App, Text, Times), times(Us, CpuPerCall)) :-
@@ -655,7 +597,8 @@ load_library_file(File, Module) :-
 :- public direct_query/4.
 direct_query(App, Goal, Options, Answer) :-
     option_limits(Options, Options1),
-    with_app_slot(App, run_query(App, Goal, Options1, Answer)).
+    options_client(Options1, Client),
+    with_app_slot(App, Client, run_query(App, Goal, Options1, Answer)).
 
 		 /*******************************
 		 *           REPLIES            *
@@ -698,12 +641,50 @@ send_checked(Id, Line) :-
     ;   send_line(Line)
     ).
 
+%   Replies leave through one thread (cod_output), in two classes: a bulk
+%   reply (more than bulk_reply_chars) waits until fewer than
+%   bulk_replies_queued others wait to be written (back-pressure: a worker
+%   that made a large answer holds it until the Resource Manager reads,
+%   so what waits to be sent is bounded), and every other reply (pings,
+%   writes, errors, small answers) is written before any bulk reply
+%   queued: a pong never waits behind hundreds of large answers (it did,
+%   for over 30 s, and the engine was restarted as dead; issue 23).
+start_output(Out) :-
+    setting(bulk_replies_queued, N),
+    message_queue_create(_, [alias(cod_replies)]),
+    message_queue_create(_, [alias(cod_bulk_slots), max_size(N)]),
+    thread_create(output_loop(Out), _, [alias(cod_output)]).
+
 send_line(Line) :-
-    protocol_out(Out),
-    with_mutex(cod_out,
-               ( write(Out, Line),
-                 nl(Out),
-                 flush_output(Out) )).
+    string_length(Line, Len),
+    setting(bulk_reply_chars, Bulk),
+    (   Len > Bulk
+    ->  thread_send_message(cod_bulk_slots, slot),
+        Msg = bulk(Line)
+    ;   Msg = small(Line)
+    ),
+    flag(cod_replies_unsent, N, N+1),
+    thread_send_message(cod_replies, Msg).
+
+output_loop(Out) :-
+    (   thread_get_message(cod_replies, small(Line), [timeout(0)])
+    ->  Kind = small
+    ;   thread_get_message(cod_replies, Msg),
+        Msg =.. [Kind, Line]
+    ),
+    catch(( write(Out, Line), nl(Out), flush_output(Out) ), _, true),
+    flag(cod_replies_unsent, N, N-1),
+    (   Kind == bulk -> thread_get_message(cod_bulk_slots, slot) ; true ),
+    output_loop(Out).
+
+%   flush_replies: at the end of input, let the replies already made go
+%   out (for at most two seconds) before the engine halts.
+flush_replies :-
+    (   between(1, 200, _),
+        (   flag(cod_replies_unsent, 0, 0) -> true ; sleep(0.01), fail )
+    ->  true
+    ;   true
+    ).
 
 write_result(Out, int(N)) :- write(Out, N).
 write_result(Out, atom(A)) :- json_write_text(Out, A).
