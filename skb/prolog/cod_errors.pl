@@ -212,6 +212,10 @@ message_text(error(permission_error(access, cod_token, _), _), M) :- !,
 message_text(error(resource_error(inferences), inference_limit(N)), M) :- !,
     num(N, NS),
     format(string(M), 'query exceeded its inference limit (~s inferences)', [NS]).
+message_text(error(resource_error(cod_query_worker), _), M) :- !,
+    M = "the engine thread running this query died (it was counted out of the pool; ask again)".
+message_text(error(resource_error(cod_query_pool), _), M) :- !,
+    M = "the engine's query pool is not serving (it is being restarted)".
 message_text(error(resource_error(R), _), M) :- !,
     bounded_plain(R, RS),
     format(string(M), 'query ran out of resources: ~s (memory limit of the engine)', [RS]).

@@ -82,4 +82,9 @@ test(bounded_text_is_quoted_and_plain) :-
     bounded_plain('two\nlines', P),
     P == "two lines".
 
+test(pool_errors_say_what_happened,
+     [forall(member(R-Word, [cod_query_worker-"died", cod_query_pool-"not serving"]))]) :-
+    error_message(error(resource_error(R), _), M),
+    once(sub_string(M, _, _, _, Word)).
+
 :- end_tests(cod_errors).
