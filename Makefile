@@ -17,10 +17,29 @@ APT_PACKAGES += libjansson-dev pkg-config valgrind clang libclang-rt-dev
 # CSCS (clients/cscs): libnuma for partition placement.
 APT_PACKAGES += libnuma-dev
 PYTEST_ARGS ?=
+# setuptools says at every editable install that a folder named like a package may shadow it
+# (a BuildBackendWarning of ten lines): true of any editable install, and nothing to act on here.
+EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: setup deps demo test bench clean cclient nri-test
+.PHONY: setup deps demo test bench clean cclient skb-user nri-test
 
-setup: deps $(STAMP)
+# The SKB engine's seccomp filter against execve (skb/native/cod_noexec.c, preloaded by skb/lockdown.py).
+NOEXEC_SO := skb/native/cod_noexec.so
+# The unprivileged user the SKB engine runs as when the daemon is root (EngineConfig.user, RM skb_user).
+SKB_USER ?= cod-skb
+
+setup: deps $(STAMP) $(NOEXEC_SO) skb-user
+
+$(NOEXEC_SO): skb/native/cod_noexec.c
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $<
+
+# As root: a system user with no home, no shell and no password; without it the engine runs as nobody.
+skb-user:
+	@if [ "$$(id -u)" -eq 0 ] && ! getent passwd $(SKB_USER) >/dev/null; then \
+	  echo "creating system user $(SKB_USER) for the SKB engine"; \
+	  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+	    --user-group $(SKB_USER) || echo "could not create $(SKB_USER): the SKB engine runs as nobody"; \
+	fi
 
 deps:
 	@missing=""; \
@@ -40,7 +59,7 @@ $(STAMP): pyproject.toml
 	  if [ "$$(id -u)" -eq 0 ]; then SUDO=""; else SUDO=sudo; fi; \
 	  $$SUDO apt-get install -y -q python3-venv && $(PYTHON) -m venv $(VENV); }
 	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[test]'
+	$(EDITABLE_QUIET) $(VPY) -m pip install -q -e '.[test]'
 	@touch $@
 
 # The SKB and Listing 3 on this machine and the paper's machines, then the whole story live:
@@ -68,8 +87,8 @@ BENCH_APT_PACKAGES := libcjson-dev libjson-c-dev
 
 bench: setup
 	@$(MAKE) -s deps APT_PACKAGES="$(BENCH_APT_PACKAGES)"
-	$(VPY) -m pip install -q -e '.[bench]'
+	$(EDITABLE_QUIET) $(VPY) -m pip install -q -e '.[bench]'
 	@for b in bench/*_bench.py; do echo "== $$b"; $(VPY) $$b; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(NOEXEC_SO)

@@ -77,7 +77,7 @@ def bench_derived(sock: str, n: int) -> dict:
                     if "derived" in up["reason"]:
                         break
                 times.append(time.perf_counter() - t0)
-                c.ack_allocation(up["epoch"])
+                c.ack_allocation(epoch=up["epoch"])
             return summary_us(times)
     finally:
         sleeper.kill()

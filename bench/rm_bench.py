@@ -14,7 +14,7 @@
   (target: p99 <= 20 ms for ack_allocation, register_task, get_allocation, list_tasks);
 * during_recompute: query latency while another client keeps forcing recomputations.
 
-    python bench/rm_bench.py [--machine magnycours] [--quick]
+    python bench/rm_bench.py [--machine magnycours] [--quick] [--only listing1]
 """
 
 from __future__ import annotations
@@ -356,6 +356,8 @@ def main() -> int:
     ap.add_argument("--machine", default=None,
                     help="plan for a reference machine instead of this one (default: this machine)")
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
+    ap.add_argument("--only", choices=["listing1"], default=None,
+                    help="run one section alone (listing1: connect -> first upcall, 100 registrations)")
     args = ap.parse_args()
     n = 1000 if args.quick else 10_000
     with tempfile.TemporaryDirectory(prefix="cod-rm-bench-") as tmpd:
@@ -365,6 +367,11 @@ def main() -> int:
         proc = start_daemon(tmp, args.machine)
         try:
             sock = str(tmp / "rm.sock")
+            if args.only == "listing1":
+                results["listing1_connect_to_upcall"] = bench_listing1(sock, 20 if args.quick else 100)
+                results["loadavg_after"] = os.getloadavg()[0]
+                print(json.dumps(results, indent=1))
+                return 0
             results["echo_round_trip"] = bench_echo(tmp, n)
             results["execute_query_client"] = bench_query_client(sock, n)
             results["echo_round_trip_after"] = bench_echo(tmp, n)

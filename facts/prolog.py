@@ -20,63 +20,62 @@ depends on them):
 Every id is an OS number (see cod.facts.model).  Sizes are bytes.  A value the
 source does not give is the atom ``unknown``.  One fact per line; predicates
 in the order above, each sorted by its arguments, so equal machines give
-byte-identical text.
+byte-identical text.  Atoms, numbers and lists are written by the one writer,
+:mod:`cod.protocol.prolog_text` (``atom`` is re-exported here).
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
+from functools import partial
+
+from cod.protocol.prolog_text import atom, compound
 
 from .model import Machine
 
-_PLAIN_ATOM = re.compile(r"[a-z][a-zA-Z0-9_]*")
+__all__ = ["UNKNOWN", "atom", "facts", "to_prolog"]
+
 UNKNOWN = "unknown"
+# The layout of this file: no space after a comma, as writeq writes (the text is byte-compared).
+_fact = partial(compound, sep=",")
 
 
-def atom(text: str) -> str:
-    """A Prolog atom for ``text``, quoted unless it is a plain lower-case name."""
-    if _PLAIN_ATOM.fullmatch(text):
-        return text
-    escaped = text.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")
-    escaped = "".join(ch if ch.isprintable() or ch == " " else f"\\x{ord(ch):x}\\"
-                      for ch in escaped)
-    return f"'{escaped}'"
+def _num(value: int | None) -> int | str:
+    return UNKNOWN if value is None else int(value)
 
 
-def _num(value: int | None) -> str:
-    return UNKNOWN if value is None else str(int(value))
+def _list(values: Iterable[int]) -> list[int]:
+    return sorted(int(v) for v in values)
 
 
-def _list(values: Iterable[int]) -> str:
-    return "[" + ",".join(str(int(v)) for v in sorted(values)) + "]"
+def _end(fact: str) -> str:
+    return fact + "."
 
 
 def facts(machine: Machine) -> list[str]:
     """The facts, one per element, each ending in '.'."""
     m = machine
-    out = [f"machine_name({atom(m.name)})."]
-    out += [f"package({p.id},{_list(p.cpus)})." for p in sorted(m.packages, key=lambda p: p.id)]
+    out = [_fact("machine_name", m.name)]
+    out += [_fact("package", p.id, _list(p.cpus)) for p in sorted(m.packages, key=lambda p: p.id)]
     nodes = sorted(m.numa_nodes, key=lambda n: n.id)
-    out += [f"numa_node({n.id},{_num(n.memory_bytes)},{_list(n.cpus)})." for n in nodes]
-    out += [f"numa_free({n.id},{n.free_bytes})." for n in nodes if n.free_bytes is not None]
-    out += [f"numa_bandwidth({n.id},{n.bandwidth_bytes_per_s})." for n in nodes
+    out += [_fact("numa_node", n.id, _num(n.memory_bytes), _list(n.cpus)) for n in nodes]
+    out += [_fact("numa_free", n.id, n.free_bytes) for n in nodes if n.free_bytes is not None]
+    out += [_fact("numa_bandwidth", n.id, n.bandwidth_bytes_per_s) for n in nodes
             if n.bandwidth_bytes_per_s is not None]
-    out += [f"node_distance({n.id},{to},{d})." for n in nodes
-            for to, d in sorted(n.distances.items())]
-    out += [f"core({c.id},{_num(c.package)},{_num(c.numa_node)},{_list(c.pus)})."
+    out += [_fact("node_distance", n.id, to, d) for n in nodes for to, d in sorted(n.distances.items())]
+    out += [_fact("core", c.id, _num(c.package), _num(c.numa_node), _list(c.pus))
             for c in sorted(m.cores, key=lambda c: c.id)]
     pus = sorted(m.pus, key=lambda p: p.id)
-    out += [f"pu({p.id},{p.core},{_num(p.package)},{_num(p.numa_node)})." for p in pus if p.online]
-    out += [f"pu_offline({p.id})." for p in pus if not p.online]
-    out += [f"cache({c.level},{c.type},{_num(c.size_bytes)},{_list(c.cpus)})."
+    out += [_fact("pu", p.id, p.core, _num(p.package), _num(p.numa_node)) for p in pus if p.online]
+    out += [_fact("pu_offline", p.id) for p in pus if not p.online]
+    out += [_fact("cache", c.level, c.type, _num(c.size_bytes), _list(c.cpus))
             for c in sorted(m.caches, key=lambda c: (c.level, c.type, c.cpus, c.size_bytes or 0))]
     if m.allowed_cpus is not None:
-        out.append(f"allowed_cpus({_list(m.allowed_cpus)}).")
+        out.append(_fact("allowed_cpus", _list(m.allowed_cpus)))
     if m.allowed_mems is not None:
-        out.append(f"allowed_mems({_list(m.allowed_mems)}).")
-    out.append(f"total_memory({_num(m.total_memory_bytes)}).")
-    return out
+        out.append(_fact("allowed_mems", _list(m.allowed_mems)))
+    out.append(_fact("total_memory", _num(m.total_memory_bytes)))
+    return [_end(f) for f in out]
 
 
 def to_prolog(machine: Machine) -> str:

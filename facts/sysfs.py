@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .cpulist import parse_cpulist, parse_cpumask
@@ -233,6 +233,23 @@ def _nodes(node_dir: _Path, online: set[int], proc: _Path) -> list[NumaNode]:
     return nodes
 
 
+def _one_node_holds_all(nodes: list[NumaNode], meminfo: dict[str, int]) -> list[NumaNode]:
+    """On a one-node machine all memory is that node's: when /proc/meminfo counts more than the
+    node's own meminfo, the node gets /proc/meminfo's MemTotal and MemFree.
+
+    The node's figures are the sums of its zones' *managed* pages; a kernel that brings memory into
+    its zones lazily (seen in a Firecracker VM: zone Normal with 21 GiB present and 4 GiB managed,
+    the managed count growing as the guest used memory; node0 said 7.0 GiB, then 10.7 and 11.3, while
+    MemTotal said 23.6 GiB and MemAvailable 23 GB) under-counts the node until it has used its
+    memory once.  Both files agree on the memory in use, so the node's lower figures are the stale
+    ones (docs/design-facts.md, "Memory").  With several nodes there is no telling which node the
+    missing memory belongs to: the figures stay the kernel's, and ``cod facts`` says they differ."""
+    total = meminfo.get("MemTotal")
+    if len(nodes) != 1 or total is None or nodes[0].memory_bytes is None or total <= nodes[0].memory_bytes:
+        return nodes
+    return [replace(nodes[0], memory_bytes=total, free_bytes=meminfo.get("MemFree", nodes[0].free_bytes))]
+
+
 def _allowed(proc: _Path, key: str) -> tuple[int, ...] | None:
     path = proc / "self" / "status"
     text = _read(path)
@@ -318,7 +335,9 @@ def discover(root: str | Path = "/", *, proc_root: str | Path | None = None) -> 
     allowed_cpus = _allowed(proc, "Cpus_allowed_list")
     allowed_mems = _allowed(proc, "Mems_allowed_list")
     node_ids = {n.id for n in nodes}
-    mem_total = _read_kv_kib(proc / "meminfo", ("MemTotal",)).get("MemTotal")
+    meminfo = _read_kv_kib(proc / "meminfo", ("MemTotal", "MemFree"))
+    mem_total = meminfo.get("MemTotal")
+    nodes = _one_node_holds_all(nodes, meminfo)
     if mem_total is None and all(n.memory_bytes is not None for n in nodes):
         mem_total = sum(n.memory_bytes or 0 for n in nodes)
 

@@ -24,6 +24,19 @@ def human_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def memory_note(m: Machine) -> str:
+    """A word when the NUMA nodes' memory does not add up to the machine's (more than 1 % apart)."""
+    counted = [n.memory_bytes for n in m.numa_nodes]
+    if m.total_memory_bytes is None or not counted or None in counted:
+        return ""
+    nodes = sum(c or 0 for c in counted)
+    if abs(nodes - m.total_memory_bytes) <= m.total_memory_bytes // 100:
+        return ""
+    return (f"memory: the NUMA nodes count {human_bytes(nodes)} of the {human_bytes(m.total_memory_bytes)} "
+            f"the kernel counts in all (/proc/meminfo); some kernels count memory per node only once it "
+            f"has been used (docs/design-facts.md, \"Memory\")")
+
+
 @dataclass
 class _Box:
     rank: int  # outer before inner when CPU sets are equal: package, node, L3
@@ -80,6 +93,9 @@ def render(machine: Machine) -> str:
         lines.append(f"  allowed CPUs: {format_cpulist(m.allowed_cpus)}")
     if m.allowed_mems is not None:
         lines.append(f"  allowed NUMA nodes: {format_cpulist(m.allowed_mems)}")
+    note = memory_note(m)
+    if note:
+        lines.append(f"  {note}")
     ids = [n.id for n in sorted(m.numa_nodes, key=lambda n: n.id)]
     if any(n.distances for n in m.numa_nodes) and len(ids) > 1:
         width = max(4, *(len(str(i)) + 1 for i in ids))

@@ -46,6 +46,7 @@ class RMConfig:
     max_subscriptions_per_connection: int = 1024
     max_batch_calls: int = 256
     max_tasks_per_uid: int = 256
+    max_apps_per_uid: int = 64          # application names a uid may hold, persistent ones included
     app_max_facts: int = 100_000         # per application ...
     app_max_fact_bytes: int = 16 << 20   # ... characters of fact text
     app_max_clauses: int = 10_000
@@ -63,6 +64,7 @@ class RMConfig:
     skb_app_slots: int = 4               # queries of one application running at once
     skb_max_threads: int = 256
     skb_worker_idle_s: float = 10.0
+    skb_user: str = "cod-skb"            # the engine's unprivileged user when the daemon is root (else nobody)
     # ---- enforcement and monitoring (issue #6) ----
     enforce_mode: str = "auto"           # auto (cpuset as root when mounted, else affinity) | affinity | cpuset | none
     state_dir: str | None = None         # records of what was pinned, for crash cleanup; None: /run/cod as root
@@ -125,7 +127,9 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
         name = key.strip().replace("-", "_")
         if not sep or name not in _TYPES:
             raise ConfigError(f"--set {item!r}: use KEY=VALUE with KEY one of {', '.join(sorted(_TYPES))}")
-        out[name] = _coerce(name, _flag_value(_TYPES[name], value.strip()), f"--set {key}")
+        # A mode is octal text ("0660"), never a decimal integer.
+        text = value.strip()
+        out[name] = _coerce(name, text if name == "socket_mode" else _flag_value(_TYPES[name], text), f"--set {key}")
     return out
 
 

@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvloop
 
@@ -19,6 +19,9 @@ from .handlers import IMMEDIATE, dispatch
 from .registry import Connection
 from .service import ResourceManager
 from .transport import Transport, apply_socket_permissions
+
+if TYPE_CHECKING:
+    from cod.skb import EngineConfig
 
 log = logging.getLogger("cod.rm")
 
@@ -54,12 +57,16 @@ def open_enforcer(cfg: RMConfig, root: bool) -> Any:
     mode = cfg.enforce_mode if cfg.enforce else "none"
     if mode == "auto":
         mode = "cpuset" if root and find_cpuset_mount() is not None else "affinity"
+    state_dir = cfg.state_dir or default_state_dir()
     try:
-        enforcer = detect(mode, cfg.state_dir or default_state_dir(), root=root,
+        enforcer = detect(mode, state_dir, root=root,
                           cgroup_parent=cfg.cgroup_parent, memory_migrate=cfg.memory_migrate)
         enforcer.cleanup_stale()
     except EnforceError as err:
         raise StartupError(f"enforcement ({mode}): {err}") from None
+    except OSError as err:  # e.g. a full file system: one line naming the directory, not a traceback
+        raise StartupError(f"enforcement ({mode}): cannot write to the state directory {state_dir}: "
+                           f"{err.strerror or err} (free space there, or choose another with --state-dir)") from None
     return enforcer
 
 
@@ -101,24 +108,16 @@ class Daemon:
                             self.cfg.events_poll_interval_s)
             if self.enforcer is None:
                 self.enforcer = open_enforcer(self.cfg, root)
-        from cod.skb import AsyncSKB, EngineConfig
+        from cod.skb import AsyncSKB
 
         from .enforce import NullEnforcer
 
         enforcer = self.enforcer if self.enforcer is not None else NullEnforcer()
-        direct = f"{self.cfg.socket_path()}.skb" if self.cfg.direct_channel else None
-        engine = EngineConfig(
-            query_timeout_s=self.cfg.query_timeout_s, thread_stack_bytes=self.cfg.skb_thread_stack_bytes,
-            memory_limit_bytes=self.cfg.skb_memory_limit_bytes, app_slots=self.cfg.skb_app_slots,
-            max_threads=self.cfg.skb_max_threads, worker_idle_s=self.cfg.skb_worker_idle_s,
-            direct_socket=direct, max_frame_bytes=self.cfg.max_frame_bytes,
-            # An answer must fit in one of our frames, with room for the reply around it.
-            max_reply_bytes=self.cfg.max_frame_bytes - 1024)
+        engine = self._engine_config()
+        direct = engine.direct_socket
         try:
             self._skb = await AsyncSKB.start(engine)
             await self._skb.load_machine(self.machine)
-            if direct is not None:
-                apply_socket_permissions(direct, self.cfg)
         except Exception as err:
             if self._skb is not None:
                 await self._skb.close()
@@ -133,20 +132,20 @@ class Daemon:
             self.monitor = Monitor(rm, self.cfg, enforcer, root=root, skb_pid=lambda: skb.pid)
             self.monitor.start()
             # Elastic groups need the process events and the pinning of an enforcing daemon.
-            from .unmanaged import UnmanagedGroups
+            from .elastic_groups import ElasticGroups
 
-            rm.unmanaged = UnmanagedGroups(rm, enforcer)
+            rm.demands.elastic = ElasticGroups(rm, enforcer)
 
         async def handle(conn: Connection, req: Request) -> Any:
             return await dispatch(rm, conn, req)
 
         self.transport = Transport(
             self.cfg,
-            new_connection=rm.new_connection,
+            new_connection=rm.sessions.new_connection,
             handle=handle,
             immediate=IMMEDIATE,
-            connection_lost=rm.connection_lost,
-            refusal=rm.connection_refusal,
+            connection_lost=rm.sessions.connection_lost,
+            refusal=rm.sessions.connection_refusal,
         )
         try:
             await self.transport.start()
@@ -162,6 +161,24 @@ class Daemon:
             self.enforcer.describe() if self.enforcer is not None else "off (planning only)",
             self.cfg.solver, self.cfg.solver_time_limit_s,
         )
+
+    def _engine_config(self) -> EngineConfig:
+        """How the SKB engine is started: its user, its private directory and the daemon's limits."""
+        from cod.skb import EngineConfig
+
+        cfg = self.cfg
+        # The engine's private directory (the only one it may write) holds the direct socket.
+        private = f"{cfg.socket_path()}.skb.d"
+        return EngineConfig(
+            user=cfg.skb_user, private_dir=private,
+            socket_permissions=lambda path: apply_socket_permissions(path, cfg),
+            query_timeout_s=cfg.query_timeout_s, thread_stack_bytes=cfg.skb_thread_stack_bytes,
+            memory_limit_bytes=cfg.skb_memory_limit_bytes, app_slots=cfg.skb_app_slots,
+            max_threads=cfg.skb_max_threads, worker_idle_s=cfg.skb_worker_idle_s,
+            direct_socket=os.path.join(private, "direct.sock") if cfg.direct_channel else None,
+            max_frame_bytes=cfg.max_frame_bytes,
+            # An answer must fit in one of our frames, with room for the reply around it.
+            max_reply_bytes=cfg.max_frame_bytes - 1024)
 
     def _close_enforcer(self) -> None:
         """Give every pinned process its original affinity back and remove our cgroups."""
@@ -185,8 +202,8 @@ class Daemon:
         reason = getattr(self, "_stop_reason", "stopping")
         if self.monitor is not None:
             self.monitor.close()
-        if self.rm is not None and self.rm.unmanaged is not None:
-            self.rm.unmanaged.close()
+        if self.rm is not None and self.rm.demands.elastic is not None:
+            self.rm.demands.elastic.close()
         if self.rm is not None:
             await self.rm.close()
         self._close_enforcer()
@@ -197,12 +214,6 @@ class Daemon:
                 await self._skb.close()
             except Exception as err:
                 log.warning("closing the SKB: %s", err)
-            direct = self._skb.config.direct_socket
-            if direct:
-                try:
-                    os.unlink(direct)
-                except FileNotFoundError:
-                    pass
         log.info("stopped")
 
 

@@ -2,7 +2,9 @@
 
 Each handler takes (rm, conn, params) and returns the JSON ``result``, or
 raises RpcError.  Handlers never change state themselves: every change goes
-through a method of :class:`cod.rm.service.ResourceManager`.  The table
+through the part of :class:`cod.rm.service.ResourceManager` that owns it
+(``rm.sessions``, ``rm.knowledge``, ``rm.admission``, ``rm.publisher``,
+``rm.query_plans``, ``rm.demands``).  The table
 :data:`METHODS` is the protocol (docs/protocol.md); its names are
 :data:`cod.protocol.jsonrpc.METHODS`.
 """
@@ -30,14 +32,14 @@ from cod.protocol.jsonrpc import (
     Request,
     RpcError,
 )
-from cod.protocol.names import name_problem
 from cod.skb.codec import PREDICATE_KINDS
 
 from .registry import Connection, Task
-from .reservations import other_pid
+from .busy import other_pid
+from .names import name_problem
+from .elastic_groups import SETTING_KEYS
 from .service import ResourceManager
 from .taskprops import split_properties
-from .unmanaged import SETTING_KEYS
 
 SERVER_NAME = "cod-rm/0.2"
 MAX_QUERY_SOLUTIONS = 10_000
@@ -70,7 +72,7 @@ def _task_for(rm: ResourceManager, conn: Connection, p: Params, *, required: boo
     if name is None:
         mine = sorted(conn.tasks)
         if len(mine) == 1:
-            return rm.registry.tasks[mine[0]]
+            return rm.find_task(mine[0])
         if not required:
             return None
         raise RpcError(
@@ -78,9 +80,9 @@ def _task_for(rm: ResourceManager, conn: Connection, p: Params, *, required: boo
             f"{p.method}: give 'task': this connection has {len(mine)} registered tasks"
             + (f" ({', '.join(mine)})" if mine else ""),
         )
-    task = rm.registry.tasks.get(name)
+    task = rm.find_task(name)
     if task is None:
-        if name in rm.demands:
+        if rm.demands.is_group(name):
             raise RpcError(INVALID_PARAMS, f"{p.method}: {name!r} is an elastic group, not a task "
                                            "(list_tasks shows it under elastic_groups; deregister_unmanaged removes it)")
         raise RpcError(NOT_FOUND, f"no task named {name!r}")
@@ -109,7 +111,7 @@ async def hello(rm: ResourceManager, conn: Connection, p: Params) -> Any:
                        {"supported": [PROTOCOL_VERSION]})
     if app is not None:
         _name("hello", "app name", app)
-    session = await rm.hello(conn, app)
+    session = await rm.sessions.hello(conn, app)
     return {
         "protocol": PROTOCOL_VERSION,
         "server": SERVER_NAME,
@@ -119,7 +121,7 @@ async def hello(rm: ResourceManager, conn: Connection, p: Params) -> Any:
         "enforce_mode": rm.enforce_mode,
         "peer": {"pid": conn.peer.pid, "uid": conn.peer.uid, "gid": conn.peer.gid},
         "privileged": conn.privileged,
-        "epoch": rm.epochs.epoch,
+        "epoch": rm.publisher.epoch,
         "methods": sorted(METHODS),
         "events": list(EVENTS),
         "max_frame_bytes": rm.cfg.max_frame_bytes,
@@ -135,7 +137,7 @@ async def add_facts(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
     if not facts:
         return {"added": 0}
-    return {"added": await rm.add_facts(conn, facts, system=system, persistent=persistent)}
+    return {"added": await rm.knowledge.add_facts(conn, facts, system=system, persistent=persistent)}
 
 
 async def remove_facts(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -144,14 +146,14 @@ async def remove_facts(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
     if not patterns:
         return {"removed": 0}
-    return {"removed": await rm.remove_facts(conn, patterns, system=system)}
+    return {"removed": await rm.knowledge.remove_facts(conn, patterns, system=system)}
 
 
 async def add_procedure(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     text = p.str("text")
     persistent = p.bool("persistent", False)
     p.done()
-    return {"predicates": await rm.add_procedure(conn, text, persistent=persistent)}
+    return {"predicates": await rm.knowledge.add_procedure(conn, text, persistent=persistent)}
 
 
 def query_params(p: Params, ceiling_s: float) -> tuple[str, bool, int, float]:
@@ -169,14 +171,14 @@ def query_params(p: Params, ceiling_s: float) -> tuple[str, bool, int, float]:
 
 async def execute_query(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     goal, all_solutions, max_solutions, timeout_s = query_params(p, rm.cfg.query_timeout_s)
-    return {"solutions": await rm.execute_query(conn, goal, all_solutions=all_solutions,
+    return {"solutions": await rm.knowledge.execute_query(conn, goal, all_solutions=all_solutions,
                                                  max_solutions=max_solutions, timeout_s=timeout_s)}
 
 
 async def cancel(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     """Stop this connection's running queries (answered at once, ahead of its earlier requests)."""
     p.done()
-    return {"cancelled": await rm.cancel(conn)}
+    return {"cancelled": await rm.knowledge.cancel(conn)}
 
 
 # ---- what the SKB holds -----------------------------------------------------------------------
@@ -184,10 +186,10 @@ async def list_procedures(rm: ResourceManager, conn: Connection, p: Params) -> A
     app = p.str("app", conn.app)
     p.done()
     _name("list_procedures", "application name", app)
-    refusal = rm.registry.name_refusal(conn.peer.uid, app, conn.privileged)
+    refusal = rm.sessions.name_refusal(conn, app)
     if refusal is not None:
         raise RpcError(PERMISSION_DENIED, f"list_procedures: {refusal}")
-    return {"app": app, **await rm.describe_app(app)}
+    return {"app": app, **await rm.knowledge.describe_app(app)}
 
 
 async def list_predicates(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -196,7 +198,7 @@ async def list_predicates(rm: ResourceManager, conn: Connection, p: Params) -> A
     if kind not in PREDICATE_KINDS:
         raise RpcError(INVALID_PARAMS, f"list_predicates: kind must be one of {', '.join(PREDICATE_KINDS)}, "
                                        f"not {kind!r}")
-    return {"predicates": await rm.predicates(conn, kind)}
+    return {"predicates": await rm.knowledge.predicates(conn, kind)}
 
 
 async def get_topology(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -213,7 +215,7 @@ async def register_task(rm: ResourceManager, conn: Connection, p: Params) -> Any
     procedures = p.str_list("procedures", [])
     persistent = p.bool("persistent", False)
     p.done()
-    if name in rm.registry.tasks:
+    if rm.find_task(name) is not None:
         raise RpcError(ALREADY_EXISTS, f"a task named {name!r} is already registered")
     if other_pid(name) is not None:
         raise RpcError(INVALID_PARAMS, f"register_task: task names other.PID are the daemon's names of unregistered "
@@ -222,13 +224,13 @@ async def register_task(rm: ResourceManager, conn: Connection, p: Params) -> Any
     owner = _proc_owner(pid)
     if owner != conn.peer.uid and not conn.privileged:
         raise RpcError(PERMISSION_DENIED, f"process {pid} belongs to uid {owner}, not to you (uid {conn.peer.uid})")
-    clash = rm.unmanaged.member_clash(pid) if rm.unmanaged is not None else None
+    clash = rm.demands.member_clash(pid)
     if clash is not None:  # two pinnings of one process would fight (deregister_unmanaged first)
         raise RpcError(ALREADY_EXISTS, f"register_task: {clash}")
-    task = await rm.register_task(conn, name, pid, plain, derived, facts, procedures, persistent)
+    task = await rm.admission.register(conn, name, pid, plain, derived, facts, procedures, persistent)
     return {"task": name, "pid": pid, "app": task.app, "subscription": task.auto_subscription,
             "properties": task.spec.to_dict(), "derived": {k: d.to_dict() for k, d in task.derived.items()},
-            "allocation": rm.allocation_of(task)}
+            "allocation": rm.publisher.allocation_of(task)}
 
 
 async def update_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -239,16 +241,16 @@ async def update_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     merged = dict(task.properties)
     merged.update(props)
     plain, derived = split_properties(merged, "update_task")
-    await rm.update_task(task, plain, derived, conn)
+    await rm.admission.update(task, plain, derived, conn)
     return {"task": task.name, "properties": task.spec.to_dict(),
-            "derived": {k: d.to_dict() for k, d in task.derived.items()}, "allocation": rm.allocation_of(task)}
+            "derived": {k: d.to_dict() for k, d in task.derived.items()}, "allocation": rm.publisher.allocation_of(task)}
 
 
 async def deregister_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     task = _task_for(rm, conn, p)
     assert task is not None
     p.done()
-    await rm.remove_task(task, "deregistered")
+    await rm.admission.remove(task, "deregistered")
     return {"task": task.name}
 
 
@@ -257,19 +259,19 @@ async def deploy_plan(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     assert task is not None
     graph = p.dict("graph")
     p.done()
-    return await rm.deploy_plan(task, graph, conn)
+    return await rm.query_plans.deploy_plan(task, graph, conn)
 
 
 async def request_allocation(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     task = _task_for(rm, conn, p)
     assert task is not None
     p.done()
-    await rm.wait_for(rm.schedule(f"requested by {task.name}"))
+    await rm.admission.wait_for(rm.admission.schedule(f"requested by {task.name}"))
     if rm.closing:
         raise RpcError(SHUTTING_DOWN, "the RM is shutting down")
-    if task.name not in rm.registry.tasks:
+    if rm.find_task(task.name) is None:
         raise RpcError(NOT_FOUND, f"task {task.name!r} left")
-    return rm.allocation_of(task)
+    return rm.publisher.allocation_of(task)
 
 
 async def ack_allocation(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -277,23 +279,22 @@ async def ack_allocation(rm: ResourceManager, conn: Connection, p: Params) -> An
     assert task is not None
     epoch = p.int("epoch")
     p.done()
-    released = rm.acknowledge(task, epoch)
-    return {"task": task.name, "epoch": rm.epochs.epoch, "released": released}
+    released = rm.publisher.acknowledge(task.name, epoch)
+    return {"task": task.name, "epoch": rm.publisher.epoch, "released": released}
 
 
 async def get_allocation(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     task = _task_for(rm, conn, p, required=False)
     p.done()
     if task is not None:
-        return rm.allocation_of(task)
-    return {"epoch": rm.epochs.epoch, **rm.plan_summary(),
-            "tasks": [rm.allocation_of(t) for _, t in sorted(rm.registry.tasks.items())]}
+        return rm.publisher.allocation_of(task)
+    return rm.allocations()
 
 
 async def explain_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     name = p.str("task")
     p.done()
-    task = rm.registry.tasks.get(name)
+    task = rm.find_task(name)
     if task is None:
         raise RpcError(NOT_FOUND, f"no task named {name!r}")
     return rm.explain(task)
@@ -301,25 +302,15 @@ async def explain_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
 
 async def list_tasks(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
-    binding = rm.last_plan.binding if rm.last_plan else {}
-    return {"epoch": rm.epochs.epoch, "plan": rm.plan_summary(), "tasks": [
-        {"task": t.name, "pid": t.pid, "app": t.app, "properties": t.properties,
-         "cores": list(rm.epochs.announced.get(t.name, ())), "epoch": rm.epochs.announced_epoch.get(t.name, 0),
-         "binding": list(binding.get(t.name, ())),
-         **({"deployment": {"min_cores": t.deployment.plan.min_cores, "placement": dict(t.deployment.placement),
-                            "problem": t.deployment.problem}} if t.deployment is not None else {})}
-        for _, t in sorted(rm.registry.tasks.items())],
-        "other_tasks": [{"pid": o.pid, "comm": o.comm, "cpu": round(o.cpu, 3), "cpus": list(o.cpus)}
-                        for _, o in sorted(rm.others.items())],
-        "elastic_groups": rm.unmanaged.listing() if rm.unmanaged is not None else []}
+    return rm.list_tasks()
 
 
-# ---- elastic groups (processes that do not speak COD; rm/unmanaged.py) ---------------------------
+# ---- elastic groups (processes that do not speak COD; rm/elastic_groups.py) ---------------------------
 def _unmanaged(rm: ResourceManager, method: str) -> Any:
-    if rm.unmanaged is None:
+    if rm.demands.elastic is None:
         raise RpcError(INVALID_PARAMS, f"{method}: this daemon does not enforce allocations (planning only), "
                                        "so it cannot give elastic groups their cores")
-    return rm.unmanaged
+    return rm.demands.elastic
 
 
 def _group_source(p: Params) -> tuple[list[int] | None, str | None]:
@@ -413,19 +404,19 @@ async def subscribe(rm: ResourceManager, conn: Connection, p: Params) -> Any:
         goal = filt.get("goal")
         if not isinstance(goal, str):
             raise RpcError(INVALID_PARAMS, 'subscribe: a condition needs its goal: {"goal": "cpu_load(0, L), L > 90"}')
-        return {"subscription": await rm.add_condition(conn, goal), "event": event, "filter": filt}
-    sub = rm.registry.subscribe(conn, event, filt)
+        return {"subscription": await rm.knowledge.add_condition(conn, goal), "event": event, "filter": filt}
+    sub = rm.events.subscribe(conn, event, filt)
     return {"subscription": sub.id, "event": event, "filter": filt}
 
 
 async def unsubscribe(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     sid = p.int("subscription")
     p.done()
-    if not rm.registry.unsubscribe(conn, sid):
+    if not rm.events.unsubscribe(conn, sid):
         raise RpcError(NOT_FOUND, f"no subscription {sid} on this connection")
-    rm.remove_condition(conn, sid)
+    rm.knowledge.remove_condition(conn, sid)
     for name in conn.tasks:
-        task = rm.registry.tasks.get(name)
+        task = rm.find_task(name)
         if task is not None and task.auto_subscription == sid:
             task.auto_subscription = None
     return {"subscription": sid}

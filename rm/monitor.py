@@ -24,15 +24,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from cod.protocol.prolog_text import atom
-
+from .system_facts import ANY, cpu_load_fact, numa_free_fact, task_cpu_use_fact, task_numa_pages_fact
+from .busy import confinement_target, next_others, other_task_name, printable
 from .config import RMConfig
 from .enforce import EnforceError, Enforcer
 from .enforce.busy import BusyDetector, BusyProcess, confine
 from .enforce.livestate import LiveStateSampler
 from .enforce.procevents import ProcEvent, open_source
 from .registry import Task
-from .reservations import OtherTask, other_task_name, printable
 from .scope import ProcessScope
 from .service import ResourceManager
 
@@ -80,7 +79,7 @@ class Monitor:
                                          quiet_window=self.cfg.busy_quiet_window)
             self._every(self.cfg.busy_interval_s, self._busy_tick)
         self._every(self.cfg.refresh_interval_s, self._refresh_tick)
-        self.rm.on_published.append(self._reconfine)
+        self.rm.publisher.on_published.append(self._reconfine)
         log.info(
             "watching: process events by %s; busy processes %s; live state every %.3g s",
             self.source.kind,
@@ -126,9 +125,8 @@ class Monitor:
 
     def _ours(self) -> set[int]:
         """Pids the busy detector must not report: registered tasks, their children, the SKB engine."""
-        pids = {pid for t in self.rm.registry.tasks.values() for pid in t.pids()}
-        for demand in self.rm.demands.values():  # elastic groups' processes are managed, not busy strangers
-            pids |= demand.members()
+        pids = {pid for t in self.rm.tasks() for pid in t.pids()}
+        pids |= self.rm.demands.members()  # elastic groups' processes are managed, not busy strangers
         skb = self.skb_pid()
         if skb is not None:
             pids.add(skb)
@@ -136,7 +134,7 @@ class Monitor:
 
     def _watch(self) -> None:
         if hasattr(self.source, "watch"):  # the poller lists threads of watched processes only
-            self.source.watch = {pid for t in self.rm.registry.tasks.values() for pid in t.pids()}
+            self.source.watch = {pid for t in self.rm.tasks() for pid in t.pids()}
 
     # ---- process events --------------------------------------------------------------------
     def _on_events(self) -> None:
@@ -157,47 +155,46 @@ class Monitor:
             elif ev.kind == "overrun":
                 log.warning("process events were lost (socket buffer full); re-pinning every task")
                 self.rm.reapply_all()
-        for demand in list(self.rm.demands.values()):  # elastic groups follow their members' forks and exits
-            demand.on_events(events)
+        self.rm.demands.on_events(events)  # elastic groups follow their members' forks and exits
         self._watch()
 
     def _forked(self, ev: ProcEvent) -> None:
         # A new thread of process tgid, or a new process, child of parent_tgid.
-        task = self.rm.registry.task_of_pid(ev.tgid if ev.is_thread else ev.parent_tgid)
+        task = self.rm.task_of_pid(ev.tgid if ev.is_thread else ev.parent_tgid)
         if task is None:
             return
         if not ev.is_thread:
             task.children.add(ev.pid)
-        if not self.rm.holdings_of(task.name):
+        if not self.rm.publisher.holdings_of(task.name):
             return
         try:
             self.enforcer.add_thread(task.name, ev.pid)
         except EnforceError as err:
             log.debug("pinning new thread %d of %s: %s", ev.pid, task.name, err)
         if task.deployment is not None:
-            self.rm.deploy_threads(task)  # its name may have come first
+            self.rm.query_plans.deploy_threads(task)  # its name may have come first
 
     def _renamed(self, ev: ProcEvent) -> None:
         # A thread named itself: if its task deployed a plan, it may be one of its operators.
-        task = self.rm.registry.task_of_pid(ev.tgid)
+        task = self.rm.task_of_pid(ev.tgid)
         if task is not None and task.deployment is not None:
-            self.rm.deploy_threads(task)
+            self.rm.query_plans.deploy_threads(task)
 
     def _exited(self, ev: ProcEvent) -> None:
-        task = self.rm.registry.task_of_pid(ev.pid)
+        task = self.rm.task_of_pid(ev.pid)
         if task is not None and task.pid != ev.pid:
             task.children.discard(ev.pid)  # a child's exit does not end the task
             self.enforcer.forget_pid(task.name, ev.pid)  # its record of what to restore
         elif task is not None:
             self._spawn(self._task_exited(task, ev.timestamp_ns))
-        elif ev.pid in self.rm.others:
-            others = {p: o for p, o in self.rm.others.items() if p != ev.pid}
+        elif self.rm.demands.is_busy(ev.pid):
+            others = {p: o for p, o in self.rm.demands.busy().items() if p != ev.pid}
             self.hogs.pop(ev.pid, None)
             self._unconfine(ev.pid)
-            self._spawn(self.rm.set_others(others, f"busy process {ev.pid} exited"))
+            self._spawn(self.rm.busy_changed(others, f"busy process {ev.pid} exited"))
 
     async def _task_exited(self, task: Task, event_ns: int) -> None:
-        ms = await self.rm.task_exited(task, event_ns)
+        ms = await self.rm.admission.exited(task, event_ns)
         if ms is not None:
             self.exit_reactions_ms.append(ms)
 
@@ -205,39 +202,28 @@ class Monitor:
     def _busy_tick(self) -> None:
         assert self.detector is not None
         ours = self._ours()
-        now = {h.pid: h for h in self.detector.sample()
-               if h.pid not in ours and self.scope.allows(h.pid, h.comm)}
-        others = dict(self.rm.others)
-        changes: list[str] = []
-        for pid in [p for p in others if p not in now]:
-            changes.append(f"busy process {pid} ({others.pop(pid).comm}) is quiet or gone")
+        busy = [h for h in self.detector.sample() if h.pid not in ours and self.scope.allows(h.pid, h.comm)]
+        current = self.rm.demands.busy()
+        others, changes = next_others(current, busy, lambda pid, comm: self.confine and self.scope.allows(pid, comm))
+        for pid in set(current) - set(others):
             self.hogs.pop(pid, None)
             self._unconfine(pid)
-        for pid, hog in sorted(now.items(), key=lambda kv: (-kv[1].cpu, kv[0])):
-            self.hogs[pid] = hog
-            if pid in others:
-                continue
-            # Where it runs now; the allocator decides where it goes (issue 18).  One the RM will not
-            # confine can only be kept where its own affinity lets it run.
-            movable = self.confine and self.scope.allows(pid, hog.comm)
-            others[pid] = OtherTask(pid, printable(hog.comm), hog.cpu, (hog.last_cpu,),
-                                    None if movable else tuple(hog.cpus))
-            changes.append(f"busy process {pid} ({printable(hog.comm)}) uses {hog.cpu:.2f} cores")
-            log.info("unregistered busy process %d (%s): %.2f cores, running on CPU %d",
-                     pid, printable(hog.comm), hog.cpu, hog.last_cpu)
+        for hog in busy:
+            self.hogs[hog.pid] = hog
+            if hog.pid not in current:
+                log.info("unregistered busy process %d (%s): %.2f cores, running on CPU %d",
+                         hog.pid, printable(hog.comm), hog.cpu, hog.last_cpu)
         if changes:
-            self._spawn(self.rm.set_others(others, "; ".join(changes)))
+            self._spawn(self.rm.busy_changed(others, "; ".join(changes)))
 
     def _reconfine(self) -> None:
-        """After each published plan: keep every busy process on the CPUs the allocator reserved
-        for it (or, when the tasks' min_cores left it none, on those no task was given)."""
+        """After each published plan: keep every busy process where the policy says (cod.rm.busy)."""
         if not self.confine:
             return
-        planned = {c for cores in self.rm.epochs.plan.values() for c in cores}
-        leftover = tuple(c for c in self.all_cpus if c not in planned)
-        for pid, other in list(self.rm.others.items()):
-            target = other.cpus or leftover
-            if not target or len(target) == len(self.all_cpus):  # nowhere to keep it, or no task to keep it from
+        planned = self.rm.publisher.planned_cpus()
+        for pid, other in self.rm.demands.busy().items():
+            target = confinement_target(other, planned, self.all_cpus)
+            if target is None:
                 self._unconfine(pid)
                 continue
             hog = self.hogs.get(pid)
@@ -262,17 +248,17 @@ class Monitor:
     # ---- live state ------------------------------------------------------------------------
     def _refresh_tick(self) -> None:
         # Operator threads named since (missed events, or the poller, which sees no names).
-        for task in list(self.rm.registry.tasks.values()):
+        for task in self.rm.tasks():
             if task.deployment is not None:
-                self.rm.deploy_threads(task)
+                self.rm.query_plans.deploy_threads(task)
         if self._refreshing:  # the previous write is still in flight
             return
-        tasks: dict[str, list[int]] = {n: t.pids() for n, t in self.rm.registry.tasks.items()}
+        tasks: dict[str, list[int]] = {t.name: t.pids() for t in self.rm.tasks()}
         pages = self._refreshes % PAGES_EVERY == 0
         self._refreshes += 1
         state = self.sampler.sample(tasks, pages=pages)
         for name, task_state in state.tasks.items():
-            task = self.rm.registry.tasks.get(name)
+            task = self.rm.find_task(name)
             if task is not None and task.pid not in task_state.pids:
                 # Its exit event was missed (it exited while being admitted, or events overran).
                 log.info("task %s: pid %d is gone", name, task.pid)
@@ -280,22 +266,22 @@ class Monitor:
         loads = {c: round(v * 100) for c, v in state.cpu_load.items()}
         uses = {n: round(s.cpu * 100) for n, s in state.tasks.items()}
         writes = {
-            "cpu_load(_, _)": [f"cpu_load({c}, {p})" for c, p in sorted(loads.items())],
+            cpu_load_fact(ANY, ANY): [cpu_load_fact(c, p) for c, p in sorted(loads.items())],
             # Free memory to the MiB: the last bytes change all the time and would rewrite it every refresh.
-            "numa_free(_, _)": [f"numa_free({n}, {b // MIB * MIB})" for n, b in sorted(state.node_free_bytes.items())],
-            "task_cpu_use(_, _)": [f"task_cpu_use({atom(n)}, {p})" for n, p in sorted(uses.items())],
+            numa_free_fact(ANY, ANY): [numa_free_fact(n, b // MIB * MIB) for n, b in sorted(state.node_free_bytes.items())],
+            task_cpu_use_fact(ANY, ANY): [task_cpu_use_fact(n, p) for n, p in sorted(uses.items())],
         }
         if pages:
-            writes["task_numa_pages(_, _, _)"] = [f"task_numa_pages({atom(n)}, {node}, {count})"
+            writes[task_numa_pages_fact(ANY, ANY, ANY)] = [task_numa_pages_fact(n, node, count)
                                                   for n, s in sorted(state.tasks.items())
                                                   for node, count in s.pages.items()]
         # Loads are rewritten when one moved by LOAD_STEP points (or a CPU/task came or went), not for noise.
         if self._close_enough(self._loads, loads):
-            writes.pop("cpu_load(_, _)")
+            writes.pop(cpu_load_fact(ANY, ANY))
         else:
             self._loads = loads
         if self._close_enough(self._uses, uses):
-            writes.pop("task_cpu_use(_, _)")
+            writes.pop(task_cpu_use_fact(ANY, ANY))
         else:
             self._uses = uses
         changed = {p: f for p, f in writes.items() if self._written.get(p) != f}
@@ -310,9 +296,8 @@ class Monitor:
     async def _write_live_state(self, changed: dict[str, list[str]]) -> None:
         try:
             # One change: a query never sees the loads of one refresh and the memory of another.
-            await self.rm.skb.replace_many(changed)
+            await self.rm.knowledge.write_live_state(changed)
             self._written.update(changed)
-            self.rm.changed(None)  # conditions and derived properties may read the live state
         except Exception as err:
             log.warning("writing the live state into the SKB: %s", err)
         finally:

@@ -3,18 +3,30 @@
 Policy lives in cod.rm.allocator; this module only adapts the RM's tasks to it
 and back.  The allocator is pure Python / OR-Tools, so it runs in a worker
 thread (`run_in_executor`) while the loop keeps answering other clients.
+
+The planner keeps one :class:`cod.rm.allocator.Allocator` (memory of its last
+answer): when the tasks differ from the last run's by one arrival or one
+departure and ``current`` is what that run returned, the allocator repairs
+its last answer and returns it only when it proves the repair optimal, else
+it runs the full solve (docs/design-allocator.md, "In the daemon").  A plan
+the service does not adopt (a refused admission) needs no undo: the next run
+differs from it in ``current`` or in more than one task (a full solve), or
+is one change away from it (a repair, proven against that run's own input).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from cod.facts.model import Machine
 
-from .allocator import OtherDemand, TaskSpec, allocate
+from .allocator import AllocationResult, Allocator, OtherDemand, TaskSpec, allocate
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -39,19 +51,14 @@ class Plan:
         """Every CPU kept for unregistered busy processes."""
         return tuple(sorted({c for cpus in self.reservations.values() for c in cpus}))
 
-
-def _run_allocator(
-    machine: Machine, specs: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
-    others: tuple[OtherDemand, ...], solver: str, time_limit_s: float,
-) -> Plan:
-    # CP-SAT by default; the allocator itself falls back to greedy when the time limit hits.
-    result = allocate(machine, list(specs), dict(current), others=others, solver=solver, time_limit_s=time_limit_s)
-    if result.status == "infeasible":
-        return Plan(None, result.reason, result.solver, result.solve_ms, result.status, proof=result.via)
-    return Plan({t.name: tuple(t.cores) for t in result.tasks}, None, result.solver, result.solve_ms,
-                result.status, {t.name: tuple(t.binding) for t in result.tasks},
-                {r.name: tuple(r.cpus) for r in result.reservations},
-                {t.name: tuple(t.displaced_by) for t in result.tasks if t.displaced_by}, result.via)
+    @classmethod
+    def of(cls, result: AllocationResult) -> "Plan":
+        if result.status == "infeasible":
+            return cls(None, result.reason, result.solver, result.solve_ms, result.status, proof=result.via)
+        return cls({t.name: tuple(t.cores) for t in result.tasks}, None, result.solver, result.solve_ms,
+                   result.status, {t.name: tuple(t.binding) for t in result.tasks},
+                   {r.name: tuple(r.cpus) for r in result.reservations},
+                   {t.name: tuple(t.displaced_by) for t in result.tasks if t.displaced_by}, result.via)
 
 
 class Planner:
@@ -59,16 +66,32 @@ class Planner:
         self.machine = machine
         self.solver = solver
         self.time_limit_s = time_limit_s
+        self._allocator = Allocator(machine, solver=solver, time_limit_s=time_limit_s)
+        self._allocator.reset([], {})  # a daemon starts with nothing allocated: its first task is one arrival
+        # one worker: the allocator's memory is touched by one thread, in the order of the calls
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cod-allocator")
 
     async def run(self, specs: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
                   others: Sequence[OtherDemand] = ()) -> Plan:
         if not specs:  # no task to keep them from: each other stays where it runs
+            # the allocator's last answer becomes "nothing allocated" (with others: forgotten)
+            self._executor.submit(self._allocator.reset, None if others else [], None if others else {})
             return Plan({}, None, "none", 0.0, "optimal", reservations={o.name: o.cpus for o in others})
         loop = asyncio.get_running_loop()
         snapshot = (tuple(specs), {k: tuple(v) for k, v in current.items()}, tuple(others))
-        return await loop.run_in_executor(self._executor, _run_allocator, self.machine, *snapshot,
-                                          self.solver, self.time_limit_s)
+        return await loop.run_in_executor(self._executor, self._run, *snapshot)
+
+    def _run(self, specs: tuple[TaskSpec, ...], current: dict[str, tuple[int, ...]],
+             others: tuple[OtherDemand, ...]) -> Plan:
+        try:
+            return Plan.of(self._allocator.allocate(list(specs), current, others=others))
+        except (ValueError, TypeError):
+            raise  # bad input: the full solve would refuse it the same way
+        except Exception:  # a bug of the incremental repair must not cost an admission
+            log.exception("the incremental allocator failed; planning from scratch")
+            self._allocator.reset()
+            return Plan.of(allocate(self.machine, list(specs), current, others=others, solver=self.solver,
+                                    time_limit_s=self.time_limit_s))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from cod.skb import Limits
+from cod.skb.codec import Limits
 
+from . import shown
 from .config import PRIORITY_MAX, PRIORITY_MIN, RMConfig
 from .registry import Registry, Usage
 
@@ -32,6 +33,18 @@ def write_limits(cfg: RMConfig, registry: Registry, app: str, uid: int) -> Limit
         clauses=left(cfg.app_max_clauses, cfg.uid_max_clauses, mine.clauses, total.clauses),
         clause_chars=left(cfg.app_max_clause_bytes, cfg.uid_max_clause_bytes, mine.clause_chars, total.clause_chars),
     )
+
+
+def app_name_refusal(cfg: RMConfig, registry: Registry, uid: int, privileged: bool, app: str) -> str | None:
+    """Why ``uid`` may not take one more application name ``app`` (None: it may, or holds it already)."""
+    if privileged or registry.app_owner.get(app) == uid:
+        return None
+    held = registry.uid_apps(uid)
+    if len(held) >= cfg.max_apps_per_uid:
+        return (f"uid {uid} already holds {len(held)} application names (persistent ones included); the limit is "
+                f"{cfg.max_apps_per_uid} (max_apps_per_uid): reuse one, or remove the persistent facts and "
+                f"procedures of one to free its name")
+    return None
 
 
 def unprivileged_core_budget(cfg: RMConfig, n_cpus: int) -> int:
@@ -59,7 +72,7 @@ def task_refusal(cfg: RMConfig, registry: Registry, uid: int, privileged: bool, 
         budget = unprivileged_core_budget(cfg, n_cpus)
         held = sum(t.spec.min_cores for t in others)
         if held + min_cores > budget:
-            return (f"uid {uid} would reserve {held + min_cores} cores with min_cores; an unprivileged uid may "
+            return (f"uid {uid} would reserve {shown.count(held + min_cores, 'cores')} with min_cores; an unprivileged uid may "
                     f"reserve at most {budget} of the {n_cpus} CPUs (setting unprivileged_max_cores)")
     return None
 

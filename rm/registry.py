@@ -174,6 +174,10 @@ class Registry:
             self.app_owner.pop(app, None)
             self.usage.pop(app, None)
 
+    def uid_apps(self, uid: int) -> list[str]:
+        """Application names ``uid`` holds (connected, or keeping persistent facts)."""
+        return sorted(app for app, owner in self.app_owner.items() if owner == uid)
+
     def uid_usage(self, uid: int) -> Usage:
         total = Usage()
         for app, owner in self.app_owner.items():

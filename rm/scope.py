@@ -21,6 +21,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .enforce import procfs
+
 
 @dataclass(frozen=True)
 class ProcessScope:
@@ -29,10 +31,10 @@ class ProcessScope:
     cgroup: str = ""
     ancestor: int = 0
     never: frozenset[str] = frozenset()
-    proc: str = "/proc"
+    proc: str = procfs.PROC
 
     @classmethod
-    def parse(cls, text: str, never: str = "", proc: str = "/proc") -> "ProcessScope":
+    def parse(cls, text: str, never: str = "", proc: str = procfs.PROC) -> "ProcessScope":
         never_set = frozenset(c.strip() for c in never.split(",") if c.strip())
         text = text.strip()
         if text == "all":
@@ -62,9 +64,8 @@ class ProcessScope:
         """May ``pid`` be reported and confined?  False for a process that is gone."""
         try:
             if comm is None:
-                with open(f"{self.proc}/{pid}/comm") as f:
-                    comm = f.read().strip()
-            if comm in self.never:
+                comm = procfs.comm(pid, self.proc)
+            if comm is None or comm.strip() in self.never:
                 return False
             me = os.getpid()
             if pid == me or self._descends(pid, me):
@@ -80,16 +81,13 @@ class ProcessScope:
             return False
 
     def _uid(self, pid: int) -> int:
-        with open(f"{self.proc}/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-        raise ValueError("no Uid line")
+        try:
+            return int(procfs.status_field(pid, "Uid", proc=self.proc).split()[0])  # the real uid
+        except KeyError:
+            raise ValueError("no Uid line") from None
 
     def _ppid(self, pid: int) -> int:
-        with open(f"{self.proc}/{pid}/stat", "rb") as f:
-            data = f.read()
-        return int(data[data.rindex(b")") + 2:].split()[1])
+        return procfs.read_stat(pid, proc=self.proc).ppid
 
     def _descends(self, pid: int, ancestor: int) -> bool:
         seen = 0
@@ -101,8 +99,7 @@ class ProcessScope:
         return False
 
     def _cgroups(self, pid: int) -> list[str]:
-        with open(f"{self.proc}/{pid}/cgroup") as f:
-            return [line.rstrip("\n").split(":", 2)[2] for line in f if line.count(":") >= 2]
+        return [path for _, _, path in procfs.cgroups(pid, self.proc)]
 
     def _under(self, path: str) -> bool:
         return path == self.cgroup or self.cgroup == "/" or path.startswith(self.cgroup + "/")

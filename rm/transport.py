@@ -42,6 +42,7 @@ from cod.protocol.jsonrpc import (
     response,
 )
 
+from . import shown
 from .config import RMConfig
 from .registry import Connection, Peer
 
@@ -221,19 +222,7 @@ class Transport:
                         TOO_BUSY, "the daemon holds too many incomplete frames; send whole frames")))
                     log.warning("connection %d: input budget exhausted; closing", conn.id)
                     break
-                for body in bodies:
-                    try:
-                        req = parse_request(body)
-                    except RpcError as err:
-                        rid = (err.data or {}).get("id")
-                        err.data = None
-                        self.send(conn, error_response(rid, err))
-                        continue
-                    if req.method in self._immediate:
-                        await self._answer(conn, req)
-                    else:
-                        await queue.put(req)
-
+                await self._requests(conn, bodies, queue)
         except (ConnectionError, OSError):
             pass
         except asyncio.CancelledError:
@@ -247,6 +236,25 @@ class Transport:
             except Exception:  # never let one client's cleanup kill the daemon
                 log.exception("cleaning up connection %d failed", conn.id)
             writer.close()
+
+    async def _requests(self, conn: Connection, bodies: list[bytes], queue: asyncio.Queue[Request | None]) -> None:
+        """Answer the frames' requests: a bad one at once, an immediate one now, the others in order."""
+        for body in bodies:
+            try:
+                req = parse_request(body)
+            except RpcError as err:
+                rid = (err.data or {}).get("id")
+                err.data = None
+                self.send(conn, error_response(None if shown.request_id_problem(rid) else rid, err))
+                continue
+            too_big = shown.request_id_problem(req.id)
+            if too_big is not None:  # not echoed: the reply carries id null (JSON-RPC 2.0, section 5)
+                self.send(conn, error_response(None, RpcError(INVALID_REQUEST, too_big)))
+                continue
+            if req.method in self._immediate:
+                await self._answer(conn, req)
+            else:
+                await queue.put(req)
 
     async def _stop_worker(self, queue: asyncio.Queue[Request | None], worker: asyncio.Task[None]) -> None:
         """Stop a connection's worker once the request it is running is done; drop the ones not begun.
@@ -288,6 +296,10 @@ class Transport:
             result = await self._handle(conn, req)
             reply = response(req.id, result)
         except RpcError as err:
+            # Bounded, whatever the request held (a 5,000-digit number is not sent back whole).
+            err.message = shown.message(err.message)
+            if err.data:
+                err.data = {k: shown.datum(v) for k, v in err.data.items()}
             reply = error_response(req.id, err)
         except asyncio.CancelledError:
             raise

@@ -11,15 +11,16 @@ Writes are journalled when their reply arrives, whether or not their caller
 is still waiting, so a caller that gives up (a client that hangs up) cannot
 leave the journal behind the engine.  If the engine dies, every request in
 flight fails with a clean error, a new engine is started and the journal
-replayed; requests made meanwhile wait for it.
+replayed; requests made meanwhile wait for it.  Starting, killing and
+restarting the process, and what is replayed, are the same as for the
+synchronous driver (:class:`cod.skb.lifecycle.EngineProcess`); only the
+bytes move differently here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -27,6 +28,7 @@ from . import codec
 from .codec import NO_LIMITS, Limits, Op, Owner, Staged
 from .engine import machine_prolog
 from .errors import SKBError
+from .lifecycle import EngineProcess
 from .session import STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
 
 if TYPE_CHECKING:
@@ -48,7 +50,7 @@ class _Pending:
         self.on_result = on_result
 
 
-class _EngineProtocol(asyncio.SubprocessProtocol):
+class _EngineOutput(asyncio.Protocol):
     """Reply lines from the engine's stdout, handed to the engine's dispatcher.
 
     A bare protocol instead of asyncio streams: on this path every
@@ -59,15 +61,14 @@ class _EngineProtocol(asyncio.SubprocessProtocol):
         self.owner = owner
         self.exited = asyncio.get_running_loop().create_future()
 
-    def pipe_data_received(self, fd: int, data: bytes) -> None:
-        if fd == 1:
-            self.owner._on_data(self, data)
+    def data_received(self, data: bytes) -> None:
+        self.owner._on_data(self, data)
 
-    def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
-        if fd == 1:
-            self._exit()
+    def eof_received(self) -> bool:
+        self._exit()
+        return False
 
-    def process_exited(self) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self._exit()
 
     def _exit(self) -> None:
@@ -80,73 +81,68 @@ class AsyncSKB:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self._session = Session()
+        self._engine = EngineProcess(config, self._session)
         self._pending: dict[int, _Pending] = {}
-        self._transport: asyncio.SubprocessTransport | None = None
-        self._protocol: _EngineProtocol | None = None
+        self._output: asyncio.ReadTransport | None = None
+        self._protocol: _EngineOutput | None = None
         self._stdin: asyncio.WriteTransport | None = None
         self._ready = asyncio.Event()
         self._startup_line: asyncio.Future[bytes] | None = None
         self._restarting: asyncio.Task[None] | None = None
         self._closing = False
-        self.restarts = 0
 
     @classmethod
     async def start(cls, config: EngineConfig | None = None, **kwargs: Any) -> "AsyncSKB":
         self = cls(config or EngineConfig(**kwargs))
-        await self._spawn()
-        self._ready.set()
-        for op in self.config.startup_ops():
-            await self._run(op)
+        try:
+            await self._spawn()
+            self._ready.set()
+            for op in self._engine.startup_ops():
+                await self._run(op)
+        except BaseException:
+            await self.close()
+            raise
         return self
 
-    # ---- lifecycle ---------------------------------------------------
+    @property
+    def restarts(self) -> int:
+        return self._engine.restarts
+
+    # ---- lifecycle (skb/lifecycle.py) -----------------------------------
     async def _spawn(self) -> None:
         loop = asyncio.get_running_loop()
-        self._session.reset()
         self._startup_line = loop.create_future()
-        try:
-            transport, protocol = await loop.subprocess_exec(
-                lambda: _EngineProtocol(self), *self.config.command(),
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=None,
-                start_new_session=True,
-            )
-        except OSError as err:
-            raise SKBError("engine", f"cannot start SWI-Prolog ({self.config.swipl}): {err}; "
-                                     "install swi-prolog-nox") from err
-        self._transport, self._protocol = transport, protocol
-        self._stdin = transport.get_pipe_transport(0)  # type: ignore[assignment]
-        self.config.limit_memory(transport.get_pid())
+        proc = self._engine.spawn()
+        # The transports own the pipes from here on (the lifecycle closes only what is left).
+        stdout, stdin, proc.stdout, proc.stdin = proc.stdout, proc.stdin, None, None
+        self._output, self._protocol = await loop.connect_read_pipe(lambda: _EngineOutput(self), stdout)
+        self._stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, stdin)
+        line: bytes | None
         try:
             line = await asyncio.wait_for(asyncio.shield(self._startup_line), STARTUP_TIMEOUT_S)
         except (TimeoutError, EOFError):
-            line = b""
+            line = None
         if not Session.ready(line):
-            await self._kill()
-            raise SKBError("engine", f"SWI-Prolog did not start: {line!r}")
+            self._close_pipes()
+        self._engine.started(line)
+
+    def _close_pipes(self) -> None:
+        for t in (self._stdin, self._output):
+            if t is not None:
+                t.close()
+        self._output = self._protocol = self._stdin = None
 
     async def _kill(self) -> None:
-        transport = self._transport
-        if transport is None:
-            return
-        if transport.get_returncode() is None:
-            try:
-                os.killpg(transport.get_pid(), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        transport.close()
         protocol = self._protocol
+        self._engine.kill()
+        self._close_pipes()
         if protocol is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(protocol.exited), 2.0)
             except TimeoutError:
                 pass
-        for _ in range(200):  # reap the child: wait until the transport has seen the exit
-            if transport.get_returncode() is not None:
-                break
-            await asyncio.sleep(0.01)
-        self._transport = self._protocol = self._stdin = None
 
-    def _on_exit(self, protocol: _EngineProtocol) -> None:
+    def _on_exit(self, protocol: _EngineOutput) -> None:
         if protocol is not self._protocol:
             return
         if self._startup_line is not None and not self._startup_line.done():
@@ -159,15 +155,15 @@ class AsyncSKB:
         if self._restarting is not None and not self._restarting.done():
             return
         self._ready.clear()
-        log.warning("SKB engine restart: %s", why)
-        self._restarting = asyncio.get_running_loop().create_task(self._restart())
+        self._restarting = asyncio.get_running_loop().create_task(self._restart(why))
 
-    async def _restart(self) -> None:
-        await self._kill()
+    async def _restart(self, why: str) -> None:
+        self._protocol = None  # what the old engine still says is not for us
+        ops = self._engine.restart_ops(why)
+        self._close_pipes()
         self._fail_pending(SKBError("engine", "the engine was restarted during the request"))
         if self._closing:
             return
-        self.restarts += 1
         while not self._closing:
             try:
                 await self._spawn()
@@ -175,35 +171,33 @@ class AsyncSKB:
             except SKBError as err:
                 log.error("restarting the SKB engine: %s", err)
                 await asyncio.sleep(1.0)
-        ops = self._session.replay_ops()
-        log.warning("SKB engine restarted; replaying %d journal entries", len(ops))
         futures = [self._send(op, track_journal=False) for op in ops]
         for op, fut in zip(ops, futures):
             try:
                 await asyncio.wait_for(fut, STARTUP_TIMEOUT_S)
-            except (SKBError, TimeoutError) as err:  # each op succeeded before
-                log.error("SKB replay of %s failed: %s", op.text[:80], err)
+            except (SKBError, TimeoutError) as err:
+                self._engine.replay_failed(op, err)
         self._ready.set()
 
     async def close(self) -> None:
         self._closing = True
         if self._restarting is not None:
             self._restarting.cancel()
-        transport = self._transport
-        if transport is None:
-            return
-        if self._stdin is not None:
+        proc = self._engine.proc
+        if proc is not None and self._stdin is not None:
             self._stdin.close()  # end of file: the engine halts
-        for _ in range(200):
-            if transport.get_returncode() is not None:
-                break
-            await asyncio.sleep(0.01)
+            for _ in range(200):
+                if proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.01)
         await self._kill()
+        self._engine.close()
         self._fail_pending(SKBError("engine", "the SKB is closed"))
 
     @property
     def pid(self) -> int | None:
-        return self._transport.get_pid() if self._transport else None
+        proc = self._engine.proc
+        return proc.pid if proc else None
 
     # ---- transport ---------------------------------------------------
     def _on_data(self, protocol: _EngineProtocol, data: bytes) -> None:
@@ -219,11 +213,10 @@ class AsyncSKB:
             if self._startup_line is not None and not self._startup_line.done():
                 self._startup_line.set_result(line)
                 continue
-            try:
-                rid, result = codec.decode_reply(line)
-            except SKBError as err:
-                log.error("%s", err.message)
+            decoded = Session.decode(line)
+            if decoded is None:
                 continue
+            rid, result = decoded
             pending = self._pending.pop(rid, None)
             if pending is None:
                 continue  # a reply to a request of an engine that was restarted
@@ -361,7 +354,7 @@ class AsyncSKB:
         return int(await self._run(codec.cancel(tag)))
 
     async def load_library(self, path: str | Path) -> list[str]:
-        return list(await self._run(codec.load_library(str(Path(path).resolve()))))
+        return list(await self._run(codec.load_library(self._engine.engine_path(Path(path).resolve()))))
 
     # ---- capabilities of the direct channel -----------------------------
     async def grant(self, token: str, app: str) -> None:

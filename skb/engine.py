@@ -10,7 +10,9 @@ replayed from the journal.
 :class:`SKB` is for ``cod query``, ``cod shell`` without a daemon, tests and
 benchmarks: one caller at a time, one request in flight.
 :class:`cod.skb.AsyncSKB` is the daemon's, with many requests in flight.
-Both share :class:`cod.skb.session.Session`.
+Both share the conversation (:class:`cod.skb.session.Session`) and the
+process's life: start without privileges, kill, restart, replay
+(:class:`cod.skb.lifecycle.EngineProcess`); each only moves the bytes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-import signal
 import subprocess
 import time
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from . import codec
 from .codec import NO_LIMITS, PERSISTENT, Limits, Op
 from .errors import SKBError
+from .lifecycle import EngineProcess
 from .session import STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
 
 if TYPE_CHECKING:
@@ -54,71 +56,48 @@ class SKB:
                                              thread_stack_bytes=stack_limit_bytes, load_library=load_library,
                                              library_dir=library_dir)
         self._session = Session()
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._engine = EngineProcess(self.config, self._session)
         self._lines: list[bytes] = []
-        self.restarts = 0
-        self._spawn()
-        for op in self.config.startup_ops():
-            self._run(op)
-
-    # ---- lifecycle ---------------------------------------------------
-    def _spawn(self) -> None:
         try:
-            self._proc = subprocess.Popen(
-                self.config.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                start_new_session=True,  # a Ctrl-C for the owner is not for the engine
-            )
-        except OSError as err:
-            raise SKBError("engine", f"cannot start SWI-Prolog ({self.config.swipl}): {err}; "
-                                     "install swi-prolog-nox") from err
-        self.config.limit_memory(self._proc.pid)
-        self._session.reset()
-        self._lines = []
-        line = self._read_line(time.monotonic() + STARTUP_TIMEOUT_S)
-        if line is None or not Session.ready(line):
-            self._kill()
-            raise SKBError("engine", f"SWI-Prolog did not start: {line!r}")
+            self._spawn()
+            for op in self._engine.startup_ops():
+                self._run(op)
+        except BaseException:
+            self._engine.close()
+            raise
 
-    def _restart(self) -> None:
-        self._kill()
-        self.restarts += 1
-        log.warning("SKB engine restarted; replaying %d journal entries", len(self._session.journal))
+    @property
+    def restarts(self) -> int:
+        return self._engine.restarts
+
+    # ---- lifecycle (skb/lifecycle.py) -----------------------------------
+    def _spawn(self) -> None:
+        self._engine.spawn()
+        self._lines = []
+        try:
+            line = self._read_line(time.monotonic() + STARTUP_TIMEOUT_S)
+        except TimeoutError:
+            line = None
+        self._engine.started(line)
+
+    def _restart(self, why: str) -> None:
+        ops = self._engine.restart_ops(why)
         self._spawn()
-        for op in self._session.replay_ops():
+        for op in ops:
             try:
                 self._exchange(op, time.monotonic() + STARTUP_TIMEOUT_S)
-            except (SKBError, EOFError, TimeoutError) as err:  # each op succeeded before
-                log.error("SKB replay of %s failed: %s", op.text[:80], err)
-
-    def _kill(self) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        proc.wait()
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                try:
-                    stream.close()
-                except OSError:  # a request still buffered for a process that is gone
-                    pass
-        self._proc = None
+            except (SKBError, EOFError, TimeoutError) as err:
+                self._engine.replay_failed(op, err)
 
     def close(self) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        try:
-            assert proc.stdin is not None
-            proc.stdin.close()
-            proc.wait(timeout=2)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
-        self._kill()
+        proc = self._engine.proc
+        if proc is not None and proc.stdin is not None:
+            try:
+                proc.stdin.close()  # end of file: the engine halts
+                proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._engine.close()
 
     def __enter__(self) -> "SKB":
         return self
@@ -128,13 +107,15 @@ class SKB:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        proc = self._engine.proc
+        return proc.pid if proc else None
 
     # ---- transport ---------------------------------------------------
     def _read_line(self, deadline: float) -> bytes | None:
         """The next reply line; None at end of file; raises TimeoutError."""
-        assert self._proc is not None and self._proc.stdout is not None
-        fd = self._proc.stdout.fileno()
+        proc = self._engine.proc
+        assert proc is not None and proc.stdout is not None
+        fd = proc.stdout.fileno()
         while not self._lines:
             ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
@@ -146,22 +127,24 @@ class SKB:
         return self._lines.pop(0)
 
     def _exchange(self, op: Op, deadline: float) -> Any:
-        if self._proc is None:
+        proc = self._engine.proc
+        if proc is None:
             raise SKBError("engine", "the SKB is closed")
         rid, line = self._session.request(op)
-        assert self._proc.stdin is not None
+        assert proc.stdin is not None
         try:
-            self._proc.stdin.write(line)
-            self._proc.stdin.flush()
+            proc.stdin.write(line)
+            proc.stdin.flush()
         except BrokenPipeError:
             raise EOFError from None
         while True:
             reply = self._read_line(deadline)
             if reply is None:
                 raise EOFError
-            got, result = codec.decode_reply(reply)
-            if got != rid:
-                continue  # the late answer of a call we gave up on
+            decoded = Session.decode(reply)
+            if decoded is None or decoded[0] != rid:
+                continue  # a line naming no request, or the late answer of a call we gave up on
+            result = decoded[1]
             if isinstance(result, SKBError):
                 raise result
             return result
@@ -171,10 +154,10 @@ class SKB:
         try:
             result = self._exchange(op, time.monotonic() + wait)
         except TimeoutError:
-            self._restart()
+            self._restart("it did not answer in time")
             raise SKBError("timeout", f"the engine did not answer within {wait:.1f} s; it was restarted") from None
         except EOFError:
-            self._restart()
+            self._restart("it exited")
             raise SKBError("engine", "the engine died during the request; it was restarted") from None
         if op.journal and self._session.succeeded(op):
             self._session.compact(self._exchange(codec.snapshot(), time.monotonic() + STARTUP_TIMEOUT_S))
@@ -225,7 +208,7 @@ class SKB:
         return dict(self._run(codec.usage(app)))
 
     def load_library(self, path: str | Path) -> list[str]:
-        return list(self._run(codec.load_library(str(Path(path).resolve()))))
+        return list(self._run(codec.load_library(self._engine.engine_path(Path(path).resolve()))))
 
     # ---- queries --------------------------------------------------------
     def query(self, app: str, goal: str, *, all_solutions: bool = True, timeout_s: float | None = None,

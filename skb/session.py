@@ -9,12 +9,12 @@ place is what keeps the two drivers from drifting apart.
 
 from __future__ import annotations
 
+import logging
 import os
-import resource
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from cod.protocol.jsonrpc import skb_rpc_codes
 
@@ -22,6 +22,8 @@ from . import codec
 from .codec import Op
 from .errors import SKBError
 from .journal import Journal
+
+log = logging.getLogger("cod.skb")
 
 PROLOG_DIR = Path(__file__).resolve().parent / "prolog"
 SERVER_FILE = PROLOG_DIR / "cod_server.pl"
@@ -67,6 +69,12 @@ class EngineConfig:
     load_library: bool = True
     library_dir: Path | None = None
     swipl: str = field(default_factory=lambda: shutil.which("swipl") or "swipl")
+    # ---- the engine's privileges (skb/lockdown.py, docs/design-rm.md "Threat model") ----
+    user: str = "cod-skb"  # whom the engine runs as when started by root (falls back to nobody)
+    private_dir: str | None = None  # the one directory it may write (None: a fresh temporary one)
+    landlock: bool = True  # False: as on a kernel without Landlock (tests)
+    # Called with the direct socket's path after every start of the engine (mode, owner, group).
+    socket_permissions: Callable[[str], None] | None = None
 
     def command(self) -> list[str]:
         args = {
@@ -88,11 +96,6 @@ class EngineConfig:
             cmd += [f"--{key}", str(value)]
         return cmd
 
-    def limit_memory(self, pid: int) -> None:
-        """Bound the whole engine's memory (atoms and other data live outside the stacks)."""
-        if self.memory_limit_bytes:
-            resource.prlimit(pid, resource.RLIMIT_AS, (self.memory_limit_bytes, self.memory_limit_bytes))
-
     def query_op(self, app: str, goal: str, all_solutions: bool, timeout_s: float | None,
                  max_solutions: int, tag: str | None = None) -> tuple[Op, float]:
         """The engine operation for a query, and the time limit it runs under."""
@@ -101,8 +104,8 @@ class EngineConfig:
                          timeout_s=timeout, inference_limit=self.inference_limit, tag=tag)
         return op, timeout
 
-    def startup_ops(self) -> list[Op]:
-        return [codec.load_library(str(p)) for p in library_files(self.library_dir)] if self.load_library else []
+    def library_files(self) -> list[Path]:
+        return library_files(self.library_dir) if self.load_library else []
 
 
 class Session:
@@ -136,8 +139,19 @@ class Session:
             del self._buffer[: nl + 1]
 
     @staticmethod
-    def ready(line: bytes) -> bool:
-        return line.strip() == b'{"ready":true}'
+    def ready(line: bytes | None) -> bool:
+        return line is not None and line.strip() == b'{"ready":true}'
+
+    @staticmethod
+    def decode(line: bytes) -> tuple[int, Any] | None:
+        """(request id, result) of a reply line.  A line that names no request (the engine's
+        own fault) is logged and skipped, by both drivers alike: it cannot be given to a
+        caller, and the caller whose reply it may have been gets the timeout error."""
+        try:
+            return codec.decode_reply(line)
+        except SKBError as err:
+            log.error("SKB engine: %s", err.message)
+            return None
 
     def succeeded(self, op: Op) -> bool:
         """Record a write that succeeded; True when the journal should be compacted now."""

@@ -108,11 +108,12 @@ def test_install_and_pkg_config(built, tmp_path):
     env = os.environ | {"PKG_CONFIG_PATH": str(prefix / "lib" / "pkgconfig")}
     flags = subprocess.run(["pkg-config", "--cflags", "--libs", "cod"], capture_output=True, text=True, env=env,
                            check=True).stdout.split()
-    assert f"-I{prefix}/include" in flags and "-lcod" in flags
+    assert f"-I{prefix}/include" in flags and "-lcod" in flags and f"-Wl,-rpath,{prefix}/lib" in flags
     subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", str(src), "-o",
                     str(tmp_path / "hello"), *flags], check=True, env=env)
-    r = subprocess.run([str(tmp_path / "hello")], capture_output=True, text=True,
-                       env=env | {"LD_LIBRARY_PATH": str(prefix / "lib")})
+    # It runs as built: cod.pc's run path finds libcod.so.0 in the private prefix (no LD_LIBRARY_PATH).
+    run_env = {k: v for k, v in env.items() if k != "LD_LIBRARY_PATH"}
+    r = subprocess.run([str(tmp_path / "hello")], capture_output=True, text=True, env=run_env)
     assert r.returncode == 0 and r.stdout.splitlines() == ["refused|no COD daemon answers on /nonexistent/rm.sock: "
                                                            "No such file or directory", "'it\\'s'"], r.stdout
 

@@ -53,3 +53,11 @@ def test_errors_are_one_clear_line(args: list[str], message: str) -> None:
     assert message in result.stderr
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_no_daemon_is_said_once(tmp_path: Path) -> None:
+    sock = tmp_path / "none.sock"
+    result = cod("elastic", "--list", "--socket", str(sock))
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.count(str(sock)) == 1 and "no COD RM answers" in line and "No such file" in line, line

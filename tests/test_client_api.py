@@ -77,7 +77,7 @@ def test_register_request_and_upcalls_on_the_handler_thread(magny):
         a.update_task(max_cores=6)
         assert wait_until(lambda: len(seen[-1]["cores"]) == 6)
         assert len(seen[-1]["removed"]) == 6 and seen[-1]["epoch"] > alloc["epoch"]
-        assert a.ack_allocation(seen[-1]["epoch"]) == seen[-1]["removed"]
+        assert a.ack_allocation(epoch=seen[-1]["epoch"]) == seen[-1]["removed"]
         b.unsubscribe(sub)
         a.deregister_task()
         assert b.list_tasks() == []
@@ -182,3 +182,41 @@ def test_closing_the_client_releases_its_task(magny):
             c.register_task("shortlived", pid=os.getpid(), max_cores=2)
         assert wait_until(lambda: gone)
         assert gone[0]["task"] == "shortlived" and gone[0]["reason"] == "client disconnected"
+
+
+def test_ack_allocation_takes_task_then_epoch_as_c_does_and_the_old_order_still_works(magny):
+    """Issue 32: Python's ack_allocation(epoch, task=) against C's cod_ack_allocation(c, task, epoch).
+    The order is now (task, epoch); an int first is the old order: accepted, with a DeprecationWarning."""
+    import warnings
+
+    def shrink(c: Client, task: str, to: int) -> dict:
+        before = c.allocation(task)["epoch"]
+        c.update_task(task, max_cores=to)
+        assert wait_until(lambda: c.allocation(task)["epoch"] > before and c.allocation(task)["removed"])
+        return c.allocation(task)
+
+    with Client.connect(str(magny.path), app="orders") as c:
+        c.register_task("scan", max_cores=12)
+        c.register_task("olap", max_cores=12)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the new forms warn about nothing
+            up = shrink(c, "scan", 10)
+            assert c.ack_allocation("scan", up["epoch"]) == up["removed"]
+            up = shrink(c, "olap", 10)
+            assert c.ack_allocation(task="olap", epoch=up["epoch"]) == up["removed"]
+            up = shrink(c, "scan", 8)
+            assert c.ack_allocation(epoch=up["epoch"], task="scan") == up["removed"]
+        for old in (lambda e: c.ack_allocation(e, "olap"), lambda e: c.ack_allocation(e, task="olap")):
+            up = shrink(c, "olap", c.allocation("olap")["cores"].__len__() - 2)
+            with pytest.warns(DeprecationWarning, match=r"the order is now \(task, epoch\)"):
+                assert old(up["epoch"]) == up["removed"]
+        for bad, says in ((lambda: c.ack_allocation("olap"), "needs the epoch"),
+                          (lambda: c.ack_allocation("olap", "7"), "epoch must be an int"),
+                          (lambda: c.ack_allocation(True, 3), "task must be a task name")):
+            with pytest.raises(TypeError, match=says):
+                bad()
+    with Client.connect(str(magny.path), app="single") as one:
+        one.register_task("only", max_cores=12)
+        up = shrink(one, "only", 10)
+        with pytest.warns(DeprecationWarning):
+            assert one.ack_allocation(up["epoch"]) == up["removed"]  # the old one-argument form: its only task

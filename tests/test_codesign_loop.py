@@ -54,7 +54,7 @@ def test_listing1_in_one_call_follows_the_sla_by_itself(magny, spawn):
             c.add_facts([f"db_rtime({sla})"])
             up = upcalls_of(got, lambda e: len(e["cores"]) == cores)
             assert "derived properties of cscs changed" in up["reason"]
-            c.ack_allocation(up["epoch"])
+            c.ack_allocation(epoch=up["epoch"])
         [task] = c.list_tasks()
         assert task["properties"]["min_cores"] == N  # as given: the query, not a number
 

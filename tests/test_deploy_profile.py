@@ -10,7 +10,7 @@ import pytest
 
 from cod.rm.deploy import parse_graph
 from cod.rm.deploy.measure import perf
-from cod.rm.deploy.measure.procfs import ProfileError, ThreadSample, detect_source, sample_process, start_time
+from cod.rm.deploy.measure.threads import ProfileError, ThreadSample, detect_source, sample_process, start_time
 from cod.rm.deploy.measure.profile import Window, to_graph
 
 

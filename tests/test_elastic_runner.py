@@ -187,3 +187,20 @@ def test_standalone_command_line(spawn, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "cod.rm.elastic", "--pid", str(2**22 + 7)],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1 and "does not exist" in bad.stderr
+
+
+def test_elastic_groups_pin_only_through_the_enforcer():
+    """No module of cod.rm.elastic sets an affinity or reads /proc itself: pinning goes through
+    the Enforcer (apply, add_thread, follow_thread), reading through cod.rm.enforce.procfs."""
+    import ast
+    import pathlib
+
+    import cod.rm.elastic
+
+    for path in sorted(pathlib.Path(cod.rm.elastic.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        called = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        assert not imported & {"set_thread_affinity", "pin_process"}, path.name
+        assert "sched_setaffinity" not in called, path.name
+        assert "/proc/{" not in path.read_text(), path.name  # a /proc/PID path of its own

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from cod.rm.enforce import AffinityEnforcer, CpusetV1Enforcer, EnforceError, NullEnforcer, detect
-from cod.rm.enforce.affinity import own_placement, set_thread_affinity
+from cod.rm.enforce.pinning import own_placement, set_thread_affinity
 from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
 from cod.rm.enforce.procfs import cpus_allowed, pids, read_stat, thread_ids
 from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
@@ -516,12 +516,12 @@ def test_children_forked_after_pinning_are_freed_on_release(kind: str, state_dir
     ("db", "db"), ("pg-main", "pg-main"), ("duckdb.worker-1", "duckdb.worker-1"), ("other.1234", "other.1234"),
 ])
 def test_plain_task_names_are_their_own_cgroup_directory(name, directory):
-    from cod.rm.enforce.affinity import cgroup_dir_name
+    from cod.rm.enforce.cpuset import cgroup_dir_name
     assert cgroup_dir_name(name) == directory
 
 
 def test_any_other_name_gets_an_escaped_directory_that_never_collides():
-    from cod.rm.enforce.affinity import cgroup_dir_name
+    from cod.rm.enforce.cpuset import cgroup_dir_name
     names = ["PostgreSQL 16", "Zürich", "a/b", "..", ".", "~x", "x" * 128, "é" * 64, "a b", "a  b", "../etc"]
     dirs = [cgroup_dir_name(n) for n in names]
     assert len(set(dirs)) == len(names)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +77,22 @@ def test_live_state_in_one_call(spawn):
     assert set(state.cpu_load) >= set(CPUS)
     assert sorted(state.node_free_bytes) == NODES
     assert state.tasks["db"].pids == (task.pid,)
+
+
+def test_one_node_takes_the_machines_free_memory_when_its_own_count_lags(tmp_path):
+    """A kernel may count part of a one-node machine's memory per node only once used (issue 32): the
+    node's MemFree then under-counts, and /proc/meminfo's is the node's; with two nodes nothing moves."""
+    def tree(nodes: dict[int, int]) -> Path:
+        root = tmp_path / f"tree{len(list(tmp_path.iterdir()))}"
+        for node, free_kb in nodes.items():
+            d = root / f"node{node}"
+            d.mkdir(parents=True)
+            (d / "meminfo").write_text(f"Node {node} MemTotal:  8000000 kB\nNode {node} MemFree:  {free_kb} kB\n")
+        return root
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:  24000000 kB\nMemFree:  16000000 kB\n")
+    assert node_free_bytes(str(tree({0: 4000000})), str(meminfo)) == {0: 16000000 * 1024}
+    assert node_free_bytes(str(tree({0: 4000000})), None) == {0: 4000000 * 1024}
+    assert node_free_bytes(str(tree({0: 4000000, 1: 1000})), str(meminfo)) == {0: 4000000 * 1024, 1: 1000 * 1024}
+    assert node_free_bytes(str(tree({0: 4000000})), str(tmp_path / "none")) == {0: 4000000 * 1024}

@@ -49,3 +49,70 @@ def test_kept_file_of_an_exited_process_reads_none():
     child.wait()
     assert kept.read(path) is None  # ESRCH through the old fd: never a reused pid's file
     kept.close()
+
+
+# ---- the one reader, on a fake tree under its one root --------------------------------------------------
+def fake_process(root, pid: int, comm: str, threads: dict[int, tuple[str, int, int, int | None]]) -> None:
+    """threads: tid -> (comm, utime, stime, schedstat wait_ns or None); the process's own stat has
+    utime 7, stime 3, cutime 20, cstime 5, start time 4242."""
+    fields = ["S", "1"] + ["0"] * 9 + ["7", "3", "20", "5"] + ["0"] * 4 + ["4242"] + ["0"] * 30
+    (root / str(pid)).mkdir(parents=True)
+    (root / str(pid) / "stat").write_text(f"{pid} ({comm}) {' '.join(fields)}\n")
+    (root / str(pid) / "comm").write_text(comm + "\n")
+    (root / str(pid) / "cgroup").write_text("12:cpuset:/db\n0::/user.slice/db.scope\n")
+    for tid, (name, utime, stime, wait) in threads.items():
+        task = root / str(pid) / "task" / str(tid)
+        task.mkdir(parents=True)
+        tfields = ["R", "1"] + ["0"] * 9 + [str(utime), str(stime)] + ["0"] * 40
+        (task / "stat").write_text(f"{tid} ({name}) {' '.join(tfields)}\n")
+        (task / "comm").write_text(name + "\n")
+        if wait is not None:
+            (task / "schedstat").write_text(f"{utime * 1000} {wait} 3\n")
+
+
+def test_every_reader_takes_the_one_root(tmp_path):
+    from cod.rm.enforce import procfs
+    fake_process(tmp_path, 100, "post) gres (x", {100: ("main", 50, 5, 900), 101: ("scan (1)", 9, 1, None)})
+    proc = str(tmp_path)
+    st = procfs.read_stat(100, proc=proc)
+    assert (st.comm, st.ppid, st.utime, st.stime, st.cutime, st.cstime, st.start_time) == (
+        "post) gres (x", 1, 7, 3, 20, 5, 4242)
+    assert procfs.cpu_ticks(100, proc)[:2] == (10, 4242)
+    assert procfs.cpu_totals(100, proc) == (10, 25, 4242)
+    assert procfs.start_time(100, proc) == 4242 and procfs.same_process(100, 4242, proc)
+    assert procfs.comm(100, proc) == "post) gres (x"
+    assert procfs.thread_ids(100, proc) == [100, 101]
+    assert procfs.thread_names(100, proc) == {100: "main", 101: "scan (1)"}
+    assert procfs.thread_comm(100, 101, proc) == "scan (1)"
+    assert procfs.thread_cpu_ticks(100, 101, proc) == 10
+    assert procfs.thread_schedstat(100, 100, proc) == (50_000, 900)
+    assert procfs.thread_schedstat(100, 101, proc) is None  # no schedstat file
+    assert procfs.schedstat_delay_ns(100, proc) == 900
+    assert procfs.cgroups(100, proc) == [("12", "cpuset", "/db"), ("0", "", "/user.slice/db.scope")]
+
+
+def test_a_process_that_is_gone_reads_none(tmp_path):
+    from cod.rm.enforce import procfs
+    proc = str(tmp_path)
+    assert procfs.cpu_ticks(7, proc) is None and procfs.cpu_totals(7, proc) is None
+    assert procfs.start_time(7, proc) is None and not procfs.same_process(7, 1, proc)
+    assert procfs.comm(7, proc) is None and procfs.thread_comm(7, 7, proc) is None
+    assert procfs.thread_ids(7, proc) == [] and procfs.thread_names(7, proc) == {}
+    assert procfs.thread_cpu_ticks(7, 7, proc) is None and procfs.thread_schedstat(7, 7, proc) is None
+    assert procfs.schedstat_delay_ns(7, proc) is None
+    with pytest.raises(FileNotFoundError):
+        procfs.cgroups(7, proc)
+
+
+def test_scope_and_cgroupfs_read_through_the_one_reader(tmp_path):
+    from cod.rm.enforce.cgroupfs import process_cgroup
+    from cod.rm.scope import ProcessScope
+    fake_process(tmp_path, 100, "postgres", {100: ("main", 1, 1, None)})
+    (tmp_path / "100" / "status").write_text("Name:\tpostgres\nUid:\t1000\t1000\t1000\t1000\n")
+    proc = str(tmp_path)
+    assert process_cgroup(100, 1, proc) == "/db" and process_cgroup(100, 2, proc) == "/user.slice/db.scope"
+    assert ProcessScope.parse("uids:1000", proc=proc).allows(100)
+    assert not ProcessScope.parse("uids:0", proc=proc).allows(100)
+    assert ProcessScope.parse("cgroup:/user.slice", proc=proc).allows(100)
+    assert not ProcessScope.parse("all", never="postgres", proc=proc).allows(100)
+    assert ProcessScope.parse("descendants:1", proc=proc).allows(100)  # its ppid is 1

@@ -15,6 +15,7 @@ import pytest
 from cod.facts import sysfs
 from cod.facts.cpulist import format_cpulist
 from cod.facts.model import FactsError
+from cod.facts.text import memory_note, render
 
 GIB_KB = 1 << 20
 
@@ -106,6 +107,28 @@ def test_no_node_directory_means_one_node_with_all_memory(tmp_path):
     assert (node.id, node.cpus, node.memory_bytes) == (0, (0, 1, 2, 3), 4 << 30)
     assert node.free_bytes == 1024 * 1024
     assert {p.numa_node for p in m.pus} == {0}
+
+
+def test_one_node_counted_short_by_the_kernel_gets_the_machines_memory(tmp_path):
+    """Issue 32: a VM's kernel said node0 10.7 GiB while /proc/meminfo said 23.6 GiB, both agreeing
+    on the memory in use; all memory of a one-node machine is that node's."""
+    root = make_tree(tmp_path, nodes={0: [0, 1, 2, 3]}, meminfo_kb=4 * GIB_KB)
+    write(root / "proc/meminfo", f"MemTotal: {12 * GIB_KB} kB\nMemFree: {10 * GIB_KB} kB\n")
+    m = sysfs.discover(root)
+    [node] = m.numa_nodes
+    assert (node.memory_bytes, node.free_bytes, m.total_memory_bytes) == (12 << 30, 10 << 30, 12 << 30)
+    assert memory_note(m) == ""
+    assert "NUMANode P#0 (12 GiB, 10 GiB free)" in render(m)
+
+
+def test_nodes_that_do_not_add_up_are_said_so(tmp_path):
+    root = make_tree(tmp_path, nodes={0: [0, 1], 1: [2, 3]}, meminfo_kb=4 * GIB_KB)
+    write(root / "proc/meminfo", f"MemTotal: {12 * GIB_KB} kB\nMemFree: {10 * GIB_KB} kB\n")
+    m = sysfs.discover(root)
+    assert [n.memory_bytes for n in m.numa_nodes] == [4 << 30, 4 << 30]  # which node lacks it is unknown
+    assert "memory: the NUMA nodes count 8 GiB of the 12 GiB the kernel counts in all" in render(m)
+    plain = sysfs.discover(make_tree(tmp_path / "plain", nodes={0: [0, 1], 1: [2, 3]}))
+    assert memory_note(plain) == "" and "memory:" not in render(plain)
 
 
 def test_offline_cpu(tmp_path):

@@ -94,3 +94,13 @@ def test_the_solver_defaults_to_cpsat_with_a_time_limit():
     cfg = build_config()
     assert (cfg.solver, cfg.solver_time_limit_s) == ("cpsat", 1.0)
     assert build_config(solver="greedy", solver_time_limit_s=0.2).solver_time_limit_s == 0.2
+
+
+@pytest.mark.parametrize("flag, mode", [("socket_mode=0660", 0o660), ("socket_mode=666", 0o666),
+                                        ("skb_user=nobody", None)])
+def test_set_reads_a_socket_mode_as_octal_and_takes_the_engine_user(flag, mode):
+    cfg = build_config(sets=[flag])
+    if mode is not None:
+        assert cfg.socket_mode == mode
+    else:
+        assert cfg.skb_user == "nobody"

@@ -193,11 +193,11 @@ def test_a_failure_at_any_step_of_a_registration_rolls_everything_back(tmp_path,
                 async def failing_batch(ops):
                     raise EngineError("engine", "injected failure")
                 rm.skb.batch = failing_batch
-            before = (set(rm.registry.tasks), dict(rm.epochs.holdings()), rm.epochs.epoch)
+            before = (set(rm.registry.tasks), dict(rm.publisher.holdings()), rm.publisher.epoch)
             reply = await loop.run_in_executor(None, register, "second")
             assert "error" in reply, reply
             # Nothing changed anywhere: the daemon's state, its epoch, the SKB, the enforcement.
-            assert (set(rm.registry.tasks), dict(rm.epochs.holdings()), rm.epochs.epoch) == before
+            assert (set(rm.registry.tasks), dict(rm.publisher.holdings()), rm.publisher.epoch) == before
             facts = await rm.skb.execute_query("x", "findall(X, task(X, _, _), L)")
             assert [f["L"] for f in facts] == [["first"]]
             listed = await rm.skb.list_facts("victimapp")

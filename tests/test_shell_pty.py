@@ -256,3 +256,65 @@ def test_output_taller_than_the_terminal_is_paged(tmp_path: Path) -> None:
         assert term.wait_exit() == 0
     finally:
         term.close()
+
+
+# ---- issue 32: what a new user trips on --------------------------------------------------------
+TWO_CPUS = Path(__file__).resolve().parent / "data" / "topologies" / "hwloc" / "2i386-2c-nohugepage.xml"
+PG = "elastic.postgres.3245"
+ELASTIC_FACTS = (
+    f":assert --system elastic_group('{PG}', cgroup('/sys/fs/cgroup/system.slice/postgresql@15-main.service'), "
+    f"adaptive, cpu_load). elastic_thresholds('{PG}', 30, 70). elastic_cores('{PG}', [0, 1]). "
+    f"elastic_load('{PG}', 70.95123). elastic_marking('{PG}', checks, 71). elastic_marking('{PG}', provision, 2). "
+    f"elastic_state('{PG}', overload). elastic_transition('{PG}', t0, 1000.0). "
+    f"elastic_transition('{PG}', t3, 1000.5). elastic_transition('{PG}', t5, 1001.0). "
+    f"elastic_transition('{PG}', t7, 1001.5)")
+
+
+def test_layout_at_80_columns_and_a_psql_habit(tmp_path: Path) -> None:
+    """At 80 columns: the allocation's header of a 2-CPU machine is whole (was `NUMA | nod |`),
+    :elastic keeps a group's name whole and its load rounded (was `elastic.postgres.32…`, `70.951%`);
+    `\\tasks` says to use :tasks instead of opening a continuation prompt."""
+    term = start_shell(tmp_path, "--hwloc", str(TWO_CPUS), rows=50, cols=80)
+    try:
+        term.send(":assert --system task(t1, 1, a). allocated(t1, 0)\r")
+        term.wait(r"Added 2 system facts\.")
+        term.wait_prompt()
+        term.send(":allocation\r")
+        term.wait(r"(?m)^free\s+\|")
+        term.wait_prompt()
+        lines = term.lines()
+        assert any(re.fullmatch(r"NUMA \| node 0 \|", line) for line in lines), term.text()
+        assert any(re.fullmatch(r"CPU  \| 0 1    \|", line) for line in lines), term.text()
+        term.send(ELASTIC_FACTS + "\r")
+        term.wait(r"Added 11 system facts\.")
+        term.wait_prompt()
+        term.send("\x0c")  # Ctrl-L: a clean screen for the table
+        term.wait_prompt()
+        term.send(":elastic\r")
+        term.wait(PG)
+        term.wait_prompt()
+        row = next(line for line in term.lines() if PG in line)
+        assert re.search(r"\b71%", row) and "70.95" not in term.text(), term.text()
+        assert re.search(r"\bt0 t3 t5\s*$", row) and "…" not in term.text(), term.text()
+        term.send("\\tasks\r")
+        term.wait(r"Error: Shell commands start with ':', not '\\' as in psql: use :tasks\.")
+        term.wait_prompt()  # a new prompt, not the continuation prompt `|`
+        term.send(":quit\r")
+        assert term.wait_exit() == 0
+    finally:
+        term.close()
+
+
+def test_tables_into_a_pipe_keep_their_lines_whole(tmp_path: Path) -> None:
+    """docs/shell.md: into a pipe lines are left whole: a table keeps its natural width, whatever
+    $COLUMNS says (it was squeezed into wrapped columns)."""
+    env = {**shell_env(tmp_path), "COLUMNS": "80"}
+    r = subprocess.run(COD + ["shell", "--machine", "magnycours", "-c", ELASTIC_FACTS, "-c", ":elastic"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    [row, source] = [line for line in r.stdout.splitlines() if PG in line]
+    assert "adaptive cpu_load" in row and "overload" in row and "71%" in row and "t0 t3 t5 t7" in row
+    assert source == f"  {PG}: cgroup /sys/fs/cgroup/system.slice/postgresql@15-main.service"
+    assert len(source) > 80 and "\x1b[" not in r.stdout  # whole, and plain text
+    header = next(line for line in r.stdout.splitlines() if line.startswith("group"))
+    assert "mode, metric" in header and "marking C I S O P" in header and "last fired" in header

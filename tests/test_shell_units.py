@@ -13,7 +13,7 @@ from cod.cli.shell.explain import explain_task, explanation_lines
 from cod.cli.shell.predicates import clause_indicator, module_exports, system_predicates
 from cod.cli.shell.render import allocation_matrix, plan_view
 from cod.cli.shell.statements import Command, Query, full_stops, is_complete, parse_command, split
-from cod.cli.shell.terms import clause_text, solution_text, term_text
+from cod.protocol.prolog_text import clause_text, solution_text, term_text
 from cod.cli.shell.topology import TOPOLOGY_QUERY, cpu_groups, machine_from_answer
 from cod.facts import hwloc_xml, machines
 from cod.skb import SKB, SKBError
@@ -307,11 +307,47 @@ def test_sentence(raw: str, text: str) -> None:
 
 @pytest.mark.parametrize("plan, says", [
     ({"solver": "greedy", "status": "optimal", "solve_ms": 0.3, "proof": "greedy = waterfill bound"},
-     "Proven optimal: greedy = waterfill bound."),
-    ({"solver": "cpsat", "status": "optimal", "solve_ms": 5.0}, "CP-SAT proved this allocation optimal."),
+     "optimal in 0.30 ms: the greedy allocation reached the waterfill bound, which proves it optimal, "
+     "so CP-SAT's search was not needed."),
+    ({"solver": "cpsat", "status": "optimal", "solve_ms": 5.0, "proof": "count model = relaxation bound"},
+     "optimal in 5.00 ms: CP-SAT's count model reached the bound of the relaxed model, which proves it optimal."),
     ({"solver": "greedy", "status": "fallback", "solve_ms": 1.0, "proof": "cpsat: no solution in time"},
-     "the greedy allocator answered"),
+     "CP-SAT found no solution within its time limit, so the greedy allocation is used"),
+    ({"solver": "cpsat", "status": "optimal", "solve_ms": 2.0, "proof": "something new"},
+     "optimal in 2.00 ms: found by cpsat (something new)."),
 ])
 def test_plan_view_says_how_the_plan_was_proven(plan, says):
     text = "\n".join(str(line) for line in plan_view(plan, {"epoch": 3, "tasks": []}))
     assert says in text and "Epoch 3" in text
+
+
+@pytest.mark.parametrize("typed, says", [
+    ("\\tasks", "shell commands start with ':', not '\\' as in psql: use :tasks"),
+    ("\\alloc", "shell commands start with ':', not '\\' as in psql: use :allocation"),
+    ("\\explain scan", "shell commands start with ':', not '\\' as in psql: use :explain scan"),
+    ("\\q", "shell commands start with ':', not '\\' as in psql: use :quit"),
+    ("\\?", "shell commands start with ':', not '\\' as in psql: use :help"),
+    ("\\dt", "shell commands start with ':', not '\\' as in psql: use :facts"),
+    ("\\zzz", "shell commands start with ':', not '\\' as in psql (try :help)"),
+])
+def test_a_psql_command_says_what_to_type(typed, says):
+    from cod.cli.shell.statements import is_complete, psql_hint, split
+
+    assert is_complete(typed)  # Enter answers at once: no continuation prompt
+    [cmd] = split(typed)
+    assert psql_hint(cmd, ["tasks", "allocation", "explain", "help", "quit", "facts", "procedures"]) == says
+
+
+@pytest.mark.parametrize("goal", ["\\+ member(a, [b]).", "\\+member(a, [b]).", "X = \\tasks."])
+def test_goals_with_a_backslash_stay_goals(goal):
+    from cod.cli.shell.statements import Query, split
+
+    assert [type(s) for s in split(goal)] == [Query]
+
+
+@pytest.mark.parametrize("load, text", [(70.95123, "71%"), (120.0, "120%"), (4.5, "4.5%"), (4.0, "4%"),
+                                        (0.04, "0%"), (None, "-"), (99.5, "100%")])
+def test_load_is_rounded_as_a_person_reads_it(load, text):
+    from cod.cli.shell.render import load_text
+
+    assert load_text(load) == text

@@ -56,7 +56,7 @@ CASES = [
     ("X = ", {}, (KnowledgeBaseError, "syntax_error", "syntax error")),
     ("repeat, sleep(0.01), fail", {"timeout_s": 0.3}, (KnowledgeBaseError, "timeout", "time limit")),
     ("repeat, fail", {}, (KnowledgeBaseError, "resource", "inference limit")),
-    ("format(atom(A), '~*c', [2000000, 0'x])", {}, (KnowledgeBaseError, "resource", "too large")),
+    ("numlist(1, 300000, L)", {}, (KnowledgeBaseError, "resource", "too large")),  # over the 1 MB frame
 ]
 
 
@@ -194,3 +194,30 @@ def test_no_reader_sees_half_an_allocation(tmp_path, spawn):
         assert len(seen) > 10, "the allocation was republished while the reader read"
     finally:
         d.stop()
+
+
+# ---- issue 23: an application's exception is written as a term, never formatted ------------------
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "through-rm"])
+def test_an_exception_is_written_not_formatted_on_both_paths(daemon, tmp_path, direct):
+    marker = tmp_path / "pwned"
+    with client(daemon, direct) as c:
+        for goal in (f"throw(format(\"~@\", [shell('id > {marker}')]))",
+                     f"throw(error(foo, context(bar, format(\"~@\", [shell('id > {marker}')]))))"):
+            with pytest.raises(KnowledgeBaseError) as err:
+                c.execute_query(goal)
+            assert err.value.skb_code == "engine" and "format(\"~@\",[shell(" in err.value.message, err.value
+        assert c.direct == direct
+    assert not marker.exists()
+
+
+def test_a_conditions_exception_is_not_formatted(daemon, tmp_path):
+    marker = tmp_path / "pwned"
+    with Client(str(daemon.path), app="cond") as c:
+        c.add_facts(["tick(0)"])
+        c.subscribe("condition", {"goal": f"tick(N), N > 0, throw(format(\"~@\", [shell('id > {marker}')]))"},
+                    lambda _event: None)
+        for i in range(1, 4):  # the condition is evaluated again after every change of the app's facts
+            c.add_facts([f"tick({i})"])
+            time.sleep(0.1)
+        assert c.execute_query("tick(3)") == [{}]
+    assert not marker.exists()

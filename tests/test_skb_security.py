@@ -216,6 +216,197 @@ def test_a_memory_bomb_costs_a_restart_not_the_state():
         engine.add_facts("victim", ["kept(1)"])
         # Atoms live outside the stacks: 1 MB doubled eleven times is 4 GB of atoms, held by variables.
         with pytest.raises(SKBError) as err:
-            engine.execute_query("bomber", "format(atom(A0), '~*c', [1000000, 0'x]), atom_concat(A0, A0, A1), atom_concat(A1, A1, A2), atom_concat(A2, A2, A3), atom_concat(A3, A3, A4), atom_concat(A4, A4, A5), atom_concat(A5, A5, A6), atom_concat(A6, A6, A7), atom_concat(A7, A7, A8), atom_concat(A8, A8, A9), atom_concat(A9, A9, A10), atom_concat(A10, A10, A11)")
+            engine.execute_query("bomber", "format(atom(K0), '~*c', [1000, 0'x]), atom_concat(K0, K0, K1), atom_concat(K1, K1, K2), atom_concat(K2, K2, K3), atom_concat(K3, K3, K4), atom_concat(K4, K4, K5), atom_concat(K5, K5, K6), atom_concat(K6, K6, K7), atom_concat(K7, K7, K8), atom_concat(K8, K8, K9), atom_concat(K9, K9, K10), A0 = K10, atom_concat(A0, A0, A1), atom_concat(A1, A1, A2), atom_concat(A2, A2, A3), atom_concat(A3, A3, A4), atom_concat(A4, A4, A5), atom_concat(A5, A5, A6), atom_concat(A6, A6, A7), atom_concat(A7, A7, A8), atom_concat(A8, A8, A9), atom_concat(A9, A9, A10), atom_concat(A10, A10, A11)")
         assert err.value.code in ("resource", "engine"), err.value
         assert engine.execute_query("victim", "kept(X)") == [{"X": 1}]
+
+
+# ==== issue 23 (security, round 2): the sandbox side ==============================================
+SHELL = "shell('id > {marker}')"
+
+
+def never_ran(skb: SKB, marker, pid: int) -> None:
+    assert not marker.exists(), "an application's goal ran outside the sandbox"
+    assert skb.pid == pid and skb.restarts == 0
+    unchanged(skb)
+
+
+# ---- item 1: an application's exception is written as a term, never formatted --------------------
+@pytest.mark.parametrize("goal, needle", [
+    ('throw(format("~@", [{shell}]))', "uncaught exception: format(\"~@\",[shell("),
+    ('throw(error(format("~@", [{shell}]), _))', "Unknown error term: format(\"~@\",[shell("),
+    ('throw(error(foo, context(bar, format("~@", [{shell}]))))', "(format(\"~@\",[shell("),
+    ('throw(error(type_error(integer, x), context(format("~@", [{shell}]), format("~@", [{shell}]))))', "Type error"),
+    ('throw(error(existence_error(procedure, format("~@", [{shell}])), _))', "unknown procedure format/2"),
+    ('throw(message_lines([\'~@\'-[{shell}]]))', "message_lines([~@ - [shell("),
+])
+def test_an_applications_exception_is_never_formatted(skb, tmp_path, goal, needle):
+    marker, pid = tmp_path / "pwned", skb.pid
+    with pytest.raises(SKBError) as err:
+        skb.execute_query("attacker", goal.format(shell=SHELL.format(marker=marker)))
+    assert needle in err.value.message, err.value.message  # the term, written as data
+    never_ran(skb, marker, pid)
+
+
+def test_a_stored_procedure_that_throws_a_format_is_not_formatted(skb, tmp_path):
+    marker, pid = tmp_path / "pwned", skb.pid
+    skb.add_procedure("attacker", f'boom :- throw(format("~@", [{SHELL.format(marker=marker)}])).')
+    with pytest.raises(SKBError) as err:
+        skb.execute_query("attacker", "boom")
+    assert err.value.code == "engine" and "uncaught exception" in err.value.message
+    never_ran(skb, marker, pid)
+
+
+def test_a_loop_inside_an_exceptions_format_does_not_spin_a_worker(skb):
+    pid = skb.pid
+    for _ in range(6):  # more than the application's 4 slots
+        t0 = time.monotonic()
+        with pytest.raises(SKBError) as err:
+            skb.execute_query("attacker", 'throw(format("~@", [(repeat, fail)]))', timeout_s=2)
+        assert err.value.code == "engine" and time.monotonic() - t0 < 1.5
+    assert skb.execute_query("attacker", "X = 1") == [{"X": 1}]
+    assert skb.pid == pid and skb.restarts == 0
+
+
+# ---- item 2: no route to message translation or to an unchecked format ---------------------------
+@pytest.mark.parametrize("goal, needle", [
+    ('message_to_string(format("~@", [{shell}]), S)', "message_to_string/2"),
+    ('message_to_codes(format("~@", [{shell}]), [], C)', "message_to_codes/3"),
+    ("print_message_lines(current_output, '', ['~@'-[{shell}]])", "print_message_lines/3"),
+    ('format("~@", [{shell}])', "~@"),
+    ('format(atom(A), "~@", [{shell}])', "~@"),
+    ('with_output_to(string(S), format("~@", [{shell}]))', "~@"),
+    ('format(atom(A), "~p", [x])', "~p"),
+    ("format(atom(A), '~W', [{shell}, [portray_goal(call)]])", "~W"),
+    ("term_string({shell}, S, [portray_goal(call)])", "portray_goal"),
+    ("format(atom(A), '~w', [x]), format(F, [{shell}])", "format"),
+    ('sformat(S, "~@", [{shell}])', "sformat/3"),
+    ('findall(S, format(atom(S), "~@", [{shell}]), L)', "~@"),
+])
+def test_no_route_to_an_unchecked_format(skb, tmp_path, goal, needle):
+    marker, pid = tmp_path / "pwned", skb.pid
+    text = goal.format(shell=SHELL.format(marker=marker))
+    err = refused(skb, text)
+    assert needle in err.message, err.message
+    with pytest.raises(SKBError) as perr:
+        skb.add_procedure("attacker", f"leak :- {text}.")
+    assert perr.value.code == "unsafe"
+    never_ran(skb, marker, pid)
+
+
+# ---- items 2 and 4: format's numeric arguments are bounded before anything runs ------------------
+@pytest.mark.parametrize("goal", [
+    "format(atom(A), '~t~*|', [200000000])",
+    "X is 10^1000, format(atom(A), '~100000000e', [X])",
+    "X is 10^1000, format(atom(A), '~100000000f', [X])",
+    "format(atom(A), '~*c', [100000000, 0'x])",
+    "N is 10^8, format(atom(A), '~*c', [N, 0'x])",
+    "format(atom(A), '~t~200000000|', [])",
+    "format(atom(A), '~a~t~*+', [x, 200000000])",
+    "format(atom(A), '~100000000d', [5])",
+    "format(atom(A), '~100000000n', [])",
+])
+def test_format_cannot_allocate_without_bound(skb, goal):
+    pid = skb.pid
+    t0 = time.monotonic()
+    err = refused(skb, goal)
+    assert "1,000" in err.message and time.monotonic() - t0 < 1.0
+    assert skb.pid == pid and skb.restarts == 0
+
+
+def test_bounded_formats_still_work(skb):
+    assert skb.execute_query("attacker", "format(atom(A), '~a~t~8|~w ~2f ~*c', [ab, c, 1.5, 3, 0'x])") == [
+        {"A": "ab      c 1.50 xxx"}]
+
+
+# ---- item 3: reserved exceptions cannot be thrown ------------------------------------------------
+@pytest.mark.parametrize("goal", [
+    "throw('$aborted')",
+    "X = '$aborted', throw(X)",
+    "atom_concat('$abor', ted, X), throw(X)",
+    "throw(unwind(abort))",
+    "throw(time_limit_exceeded)",
+    "throw(time_limit_exceeded(1))",
+    "throw(inference_limit_exceeded)",
+    "throw(cod_limit(time))",
+    "throw(cod_revoked)",
+    "call(throw, '$aborted')",
+    "maplist(throw, ['$aborted'])",
+])
+def test_reserved_exceptions_cannot_be_thrown(skb, goal):
+    pid = skb.pid
+    for _ in range(6):  # more than the application's slots: none is lost
+        err = refused(skb, goal)
+        assert "throw/1" in err.message and err.data.get("predicate") == "throw/1", err
+    with pytest.raises(SKBError) as perr:
+        skb.add_procedure("attacker", "rethrow(X) :- throw(X).")
+    assert perr.value.code == "unsafe"
+    assert skb.execute_query("attacker", "X = 1") == [{"X": 1}]
+    assert skb.pid == pid and skb.restarts == 0
+    unchanged(skb)
+
+
+def test_an_applications_own_exceptions_still_work(skb):
+    with pytest.raises(SKBError) as err:
+        skb.execute_query("attacker", "atom_length(abc, N), throw(my_error(N))")
+    assert err.value.code == "engine" and "my_error(3)" in err.value.message
+    assert skb.execute_query("attacker", "catch(throw(my_error(1)), my_error(X), true)") == [{"X": 1}]
+
+
+# ---- items 4 and 5: the text of an error is bounded, whatever the term ---------------------------
+HUGE_ATOM = "format(atom(K0), '~*c', [1000, 0'x]), " + ", ".join(
+    f"atom_concat(K{i}, K{i}, K{i + 1})" for i in range(17)) + ", A = K17"  # 131,072,000 characters
+
+
+@pytest.fixture(scope="module")
+def roomy():
+    """An engine whose queries may take 10 s: building a 131 MB atom takes about 2 s."""
+    with SKB(query_timeout_s=10.0, load_library=False) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("goal, needle", [
+    (HUGE_ATOM + ", throw(big(A))", "big('xxx"),
+    (HUGE_ATOM + ", throw(error(type_error(integer, A), context(foo/1, A)))", "Type error"),
+    (HUGE_ATOM + ", throw(error(resource_error(A), _))", "resources"),
+    ("X is 10^5000, throw(error(type_error(integer, X), _))", "digits"),
+    ("X is 10^5000, throw(error(domain_error(small, f(X, X)), _))", "digits"),
+    ("numlist(1, 100000, L), T =.. [g|L], throw(wide(T))", "wide(g(1,2,3"),
+])
+def test_the_text_of_an_error_is_bounded(roomy, goal, needle):
+    pid = roomy.pid
+    built = goal[:goal.rindex(", throw(")] + ", fail"
+    t0 = time.monotonic()
+    assert roomy.execute_query("attacker", built, timeout_s=10) == []
+    t1 = time.monotonic()
+    with pytest.raises(SKBError) as err:
+        roomy.execute_query("attacker", goal, timeout_s=10)
+    t2 = time.monotonic()
+    assert needle in err.value.message, err.value.message[:300]
+    assert len(err.value.message) <= 2003 and len(str(err.value.data)) < 2000
+    assert "0" * 1000 not in err.value.message
+    assert (t2 - t1) - (t1 - t0) < 1.5, (t1 - t0, t2 - t1)  # the error costs little more than the work
+    assert roomy.pid == pid and roomy.restarts == 0
+
+
+# ---- item 5 (low): the engine's command line and state --------------------------------------------
+@pytest.mark.parametrize("goal", [
+    "current_prolog_flag(argv, A)",
+    "current_prolog_flag(os_argv, A)",
+    "current_prolog_flag(F, V)",
+    "F = os_argv, current_prolog_flag(F, V)",
+    "statistics",
+    "statistics(atoms)",
+    "statistics(atoms, A)",
+    "statistics(process_cputime, A)",
+    "statistics(K, V)",
+])
+def test_the_engines_command_line_and_state_are_not_readable(skb, goal):
+    err = refused(skb, goal)
+    assert "--" not in err.message and "swipl" not in err.message
+
+
+def test_a_querys_own_statistics_and_flags_are_readable(skb):
+    [row] = skb.execute_query("attacker", "statistics(cputime, C), statistics(inferences, I), "
+                                          "current_prolog_flag(bounded, B)")
+    assert row["B"] == "false" and row["I"] > 0

@@ -18,7 +18,8 @@ from typing import Any
 
 from cod.facts import FactsError, from_args
 from cod.rm.deploy import DeployError
-from cod.rm.deploy.measure.bandwidth import MIB, fact, measure_node, plan_run
+from cod.rm.deploy.measure.bandwidth import (MIB, default_array_bytes, fact, measure_node, mem_available, plan_run,
+                                             size_arrays)
 
 from .errors import UserError
 
@@ -72,9 +73,14 @@ def run(args: argparse.Namespace) -> int:
     results = []
     try:
         for node in nodes:
-            run_ = plan_run(machine, node, threads=args.threads,
-                            array_bytes=None if args.size_mib is None else args.size_mib * MIB)
-            results.append(measure_node(run_, args.iterations))
+            # Sized before each node's run: the arrays are freed between nodes.
+            wanted = default_array_bytes(machine, node) if args.size_mib is None else args.size_mib * MIB
+            sizing = size_arrays(wanted, mem_available(), asked=args.size_mib is not None)
+            if args.format == "text":
+                sys.stdout.write(f"node {node}: {sizing.sentence()}\n")
+                sys.stdout.flush()
+            run_ = plan_run(machine, node, threads=args.threads, array_bytes=sizing.array_bytes)
+            results.append(measure_node(run_, args.iterations) | {"memory": sizing.sentence()})
     except DeployError as err:
         raise UserError(str(err)) from None
     stored = "not stored (--no-store)" if args.no_store else store(results, args.socket)

@@ -91,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         with Client(path, app=None, reconnect=False, call_timeout_s=30.0) as client:
             result = client.call(*call)
     except NotConnected as err:
-        raise UserError(f"no daemon at {path}: {err}") from None
+        raise UserError(str(err)) from None  # it names the socket and why: "no COD RM answers on PATH: ..."
     except RMError as err:
         raise UserError(err.message) from None
     except CodError as err:

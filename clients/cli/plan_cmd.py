@@ -24,6 +24,7 @@ from cod.rm.allocator import SOLVERS, AllocationResult, OtherDemand, TaskSpec, T
 from cod.rm.allocator.topology import build_view
 
 from .errors import UserError
+from .plan_words import plan_sentence
 from .facts_cmd import add_machine_source, machine_of
 
 INFEASIBLE_STATUS = 2
@@ -134,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
 def render_text(machine: Machine, result: AllocationResult, unavailable: list[int] = ()) -> str:
     """The paper's Figure 4: one row per task, one column per CPU, grouped by node and L3."""
     view = build_view(machine, unavailable)
-    lines = [f"status: {result.status} (solver {result.solver}, {result.solve_ms:.2f} ms)"]
+    lines = [f"status: {plan_sentence(result.status, result.solver, result.via, result.solve_ms)}"]
     if result.reason:
         lines.append(f"reason: {result.reason}")
     cpus = sorted(view.cpus, key=lambda c: (view.node_of[c], view.domain_of[c], c))

@@ -17,7 +17,7 @@ import re
 import sys
 
 from cod.rm.deploy import DeployError
-from cod.rm.deploy.measure.procfs import SOURCES, ProfileError
+from cod.rm.deploy.measure.threads import SOURCES, ProfileError
 from cod.rm.deploy.measure.profile import measure, to_graph
 
 from .deploy_cmd import read_graph

@@ -67,6 +67,7 @@ def _backend(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from .shell.commands import COMMANDS
     from .shell.errors import STATUS_ERROR, STATUS_OK, ConnectionProblem, describe
     from .shell.output import Output
     from .shell.session import Settings, Shell
@@ -91,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         if args.format == "json":
             out.json({"input": None, "error": problem.to_dict()})
         raise UserError(problem.message, STATUS_ERROR) from None
-    shell = Shell(backend, out, interactive=not scripted, settings=settings)
+    shell = Shell(backend, out, commands=COMMANDS, interactive=not scripted, settings=settings)
     try:
         if not scripted:
             from .shell import interactive  # prompt_toolkit: only for a person at a terminal

@@ -8,7 +8,9 @@ installs ``cod.protocol`` and ``cod.client`` alone.
 * :mod:`.jsonrpc`: JSON-RPC 2.0 messages, the protocol version, error codes,
   method and event names;
 * :mod:`.names`: what an application or task name may be;
-* :mod:`.prolog_text`: the one writer of Prolog text (atoms, strings, terms);
+* :mod:`.prolog_text`: the one writer of Prolog text (atoms, strings, numbers,
+  terms; data for the SKB and the shell's display);
+* :mod:`.terms`: the one reader of Prolog text (canonical terms, unification);
 * :mod:`.paths`: where the daemon's socket is by default.
 """
 

@@ -27,6 +27,7 @@ import queue
 import socket
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -630,8 +631,13 @@ class Client:
         self._remember_allocation(result)
         return result
 
-    def ack_allocation(self, epoch: int, task: str | None = None) -> list[int]:
-        """Tell the RM this task has moved off the cores taken from it up to `epoch`."""
+    def ack_allocation(self, *args: Any, task: str | None = None, epoch: int | None = None) -> list[int]:
+        """Tell the RM `task` (None: this connection's only task) has moved off the cores taken from
+        it up to `epoch`; returns the CPUs released.  The order is C's, ``cod_ack_allocation(c, task,
+        epoch)``: ``ack_allocation("scan", 7)``, ``ack_allocation(epoch=7)``.  The old order, epoch
+        first (``ack_allocation(7)``, ``ack_allocation(7, task="scan")``), still works, with a
+        DeprecationWarning: an int first is an epoch, since a task name is a string."""
+        task, epoch = _ack_arguments(args, task, epoch)
         params: dict[str, Any] = {"epoch": epoch}
         if task is not None:
             params["task"] = task
@@ -744,6 +750,33 @@ class _DirectChannel:
             self._sock.close()
         except OSError:
             pass
+
+
+def _ack_arguments(args: tuple[Any, ...], task: Any, epoch: Any) -> tuple[str | None, int]:
+    """(task, epoch) of ack_allocation(*args, task=, epoch=): (task, epoch) positionally as C's, or the
+    deprecated order, epoch first (an int first: a task name is a string)."""
+    if len(args) > 2:
+        raise TypeError(f"ack_allocation() takes a task and an epoch, {len(args)} arguments given")
+    named = {"task": task, "epoch": epoch}
+    if args and isinstance(args[0], int) and not isinstance(args[0], bool):
+        warnings.warn("ack_allocation(epoch, task): the order is now (task, epoch), as C's cod_ack_allocation; "
+                      "write ack_allocation(task, epoch) or ack_allocation(epoch=N)", DeprecationWarning, stacklevel=3)
+        args = (args[1], args[0]) if len(args) == 2 else (None, args[0])
+        names = ("task", "epoch")
+    else:
+        names = ("task", "epoch")[:len(args)]
+    for name, value in zip(names, args):
+        if named[name] is not None and value is not None:
+            raise TypeError(f"ack_allocation() got two values for {name}")
+        named[name] = value if value is not None else named[name]
+    task, epoch = named["task"], named["epoch"]
+    if epoch is None:
+        raise TypeError("ack_allocation() needs the epoch: ack_allocation(task, epoch) or ack_allocation(epoch=N)")
+    if task is not None and not isinstance(task, str):
+        raise TypeError(f"ack_allocation(): task must be a task name (str) or None, not {type(task).__name__}")
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        raise TypeError(f"ack_allocation(): epoch must be an int, not {type(epoch).__name__}")
+    return task, epoch
 
 
 def _loads(body: bytes) -> dict[str, Any]:

@@ -5,7 +5,7 @@ Two kinds:
 * :func:`upper_bound`: closed form, microseconds; O2 from every task's cap.  It
   proves a greedy answer optimal when every task reaches its cap (the paper's
   Table 4 scenario).
-* :func:`relaxed_bound`: the class-free relaxation of :mod:`.cpsat` solved
+* :func:`relaxed_bound`: the class-free relaxation (:mod:`.relaxation`) solved
   lexicographically: O2 per level, then O3 (each sensitive task spans at least
   the fewest nodes / domains whose capacities for it hold its total, and a
   shareable one every domain of the shared pool it cannot do without:
@@ -26,8 +26,9 @@ from typing import Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
-from .problem import allowed_max, effective_max, is_other, n_tail, priority_levels
+from .problem import allowed_max, effective_max, is_other, lexicographic_weights, n_tail, priority_levels
 from .model import TaskSpec
+from .relaxation import relaxation
 from .topology import View
 
 
@@ -149,8 +150,6 @@ def _relaxed_bound(
     infeasible; "unknown" when O2 was not proven within the time limit.
     O3 and O4 get what O2 left of the time limit; unproven, they keep the
     solver's bound (still valid) or the trivial one."""
-    from .cpsat import lexicographic_weights, relaxation  # defined once, next to the full model
-
     deadline = time.perf_counter() + time_limit_s
     if any(t.min_cores > effective_max(t, view) for t in tasks):
         return None  # more than the machine has

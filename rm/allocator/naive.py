@@ -24,8 +24,7 @@ from typing import Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
-from .problem import allowed_cpus, effective_max, is_e1, is_other, priority_levels
-from .cpsat import lexicographic_weights
+from .problem import allowed_cpus, effective_max, is_e1, is_other, lexicographic_weights, priority_levels
 from .model import TaskSpec
 from .topology import View
 

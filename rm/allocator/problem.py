@@ -250,6 +250,18 @@ def objective(
     return out
 
 
+def lexicographic_weights(bounds: list[int]) -> list[int] | None:
+    """Weights making a weighted sum of terms (each in [0, bound]) exactly
+    lexicographic, as :func:`objective` compares, or None if they exceed 62 bits."""
+    weights = [1]
+    for ub in reversed(bounds[1:]):
+        weights.append(weights[-1] * (ub + 1))
+    weights.reverse()
+    if weights[0] * (bounds[0] + 1) >= 1 << 62:
+        return None
+    return weights
+
+
 def n_tail(tasks: Sequence[TaskSpec]) -> int:
     """How many terms follow O2 in :func:`objective`: 2, or 5 with others."""
     return 5 if any(is_other(t) for t in tasks) else 2

@@ -1,7 +1,7 @@
 """The lexicographic bound of O2 without CP-SAT: the class-free relaxation
 filled level by level.
 
-The relaxation of :func:`.cpsat.relaxation` (one total X_t per task; whole
+The relaxation of :func:`.relaxation.relaxation` (one total X_t per task; whole
 cores for E1 tasks' ``min_cores``; one shared pool P; C5 as a number q of
 "polluted" L3 domains) has a simple structure once P and q are fixed: every
 shareable task holds min(cap, P), every exclusive task its ``min_cores``

@@ -1,9 +1,11 @@
-"""The errors of plan deployment: one root, a subclass per kind of failure."""
+"""The errors of plan deployment: one root under CodError, a subclass per kind of failure."""
 
 from __future__ import annotations
 
+from cod.protocol.errors import CodError
 
-class DeployError(ValueError):
+
+class DeployError(CodError, ValueError):
     """Plan deployment failed; the message says what was wrong and where."""
 
 

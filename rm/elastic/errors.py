@@ -1,9 +1,11 @@
-"""One exception hierarchy for elastic groups: a root, and the one case callers act on."""
+"""One exception hierarchy for elastic groups: a root under CodError, and the one case callers act on."""
 
 from __future__ import annotations
 
+from cod.protocol.errors import CodError
 
-class ElasticError(Exception):
+
+class ElasticError(CodError):
     """Elastic management failed or was asked something impossible; the message says what."""
 
 

@@ -8,41 +8,41 @@ this way).  Patterns name the group, so groups are replaced independently.
 
 from __future__ import annotations
 
-from cod.facts.prolog import atom
+from cod.protocol.prolog_text import ANY, Written, compound, number, term
 
 from .controller import GroupState
 from .petrinet import PLACES
 from .settings import ElasticSettings
 
 
-def _source(kind: str, value: object) -> str:
+def _source(kind: str, value: object) -> Written:
     if kind == "cgroup":
-        return f"cgroup({atom(str(value))})"
-    return "pids([" + ",".join(str(int(p)) for p in value) + "])"  # type: ignore[attr-defined]
+        return compound("cgroup", str(value))
+    return compound("pids", [int(p) for p in value], sep=",")  # type: ignore[attr-defined]
 
 
-def _num(x: float) -> str:
-    return repr(round(float(x), 3))
+def _num(x: float) -> Written:
+    return Written(number(round(float(x), 3)))
 
 
 def group_facts(name: str, source: tuple[str, object], settings: ElasticSettings,
                 state: GroupState, load: float | None) -> dict[str, list[str]]:
     """{pattern: facts} for group ``name`` (facts without the final '.')."""
-    g = atom(name)
     last = state.last
     return {
-        f"elastic_group({g}, _, _, _)": [
-            f"elastic_group({g}, {_source(*source)}, {settings.mode}, {settings.metric})"],
-        f"elastic_thresholds({g}, _, _)": [
-            f"elastic_thresholds({g}, {_num(settings.th_min)}, {_num(settings.th_max)})"],
-        f"elastic_cores({g}, _)": [
-            f"elastic_cores({g}, [{','.join(str(c) for c in sorted(state.cpus))}])"],
-        f"elastic_load({g}, _)": [] if load is None else [f"elastic_load({g}, {_num(load)})"],
-        f"elastic_marking({g}, _, _)": [
-            f"elastic_marking({g}, {place.lower()}, {tokens})" for place, tokens in zip(PLACES, state.marking)],
-        f"elastic_state({g}, _)": [] if last is None else [f"elastic_state({g}, {last.state.lower()})"],
-        f"elastic_transition({g}, _, _)": [
-            f"elastic_transition({g}, {f.transition}, {_num(f.at)})" for f in state.firings],
+        compound("elastic_group", name, ANY, ANY, ANY): [
+            compound("elastic_group", name, _source(*source), settings.mode, settings.metric)],
+        compound("elastic_thresholds", name, ANY, ANY): [
+            compound("elastic_thresholds", name, _num(settings.th_min), _num(settings.th_max))],
+        compound("elastic_cores", name, ANY): [
+            compound("elastic_cores", name, Written(term(sorted(state.cpus), sep=",")))],
+        compound("elastic_load", name, ANY): [] if load is None else [compound("elastic_load", name, _num(load))],
+        compound("elastic_marking", name, ANY, ANY): [
+            compound("elastic_marking", name, place.lower(), tokens) for place, tokens in zip(PLACES, state.marking)],
+        compound("elastic_state", name, ANY): [] if last is None else [
+            compound("elastic_state", name, last.state.lower())],
+        compound("elastic_transition", name, ANY, ANY): [
+            compound("elastic_transition", name, f.transition, _num(f.at)) for f in state.firings],
     }
 
 

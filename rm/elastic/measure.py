@@ -58,17 +58,6 @@ def boot_ticks() -> int:
     return int(time.clock_gettime(time.CLOCK_BOOTTIME) * CLK_TCK)
 
 
-def _stat_totals(pid: int, proc: str) -> tuple[int, int, int] | None:
-    """(own ticks, reaped children's ticks, start time) of ``pid``; None when gone."""
-    try:
-        data = procfs.read_small(f"{proc}/{pid}/stat")
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    rest = data[data.rindex(b")") + 2:].split(None, 20)
-    # fields 14-17 (utime stime cutime cstime) and 22 (starttime): rest[N - 3]
-    return int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14]), int(rest[19])
-
-
 @dataclass
 class _Seen:
     start: int
@@ -135,7 +124,7 @@ class GroupMeter:
             live = [m.pid for m in members]
         else:
             for m in members:
-                totals = _stat_totals(m.pid, self.proc)
+                totals = procfs.cpu_totals(m.pid, self.proc)
                 if totals is None or totals[2] != m.start:
                     self.group.forget(m.pid)
                     continue

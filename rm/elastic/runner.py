@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from cod.facts.model import Machine
 from cod.rm.enforce import EnforceError, Enforcer, procfs
-from cod.rm.enforce.affinity import check_task_name, set_thread_affinity
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
 from cod.rm.enforce.procevents import ConnectorSource, PollingSource, open_source
+from cod.rm.enforce.recording import check_task_name
 
 from . import controller
 from .controller import Decision, GroupState, Limits, Observation
@@ -157,7 +157,7 @@ class ElasticRunner:
                 out.append(pid)
                 continue
             try:
-                key = (pid, procfs.read_stat(pid).start_time)
+                key = (pid, procfs.read_stat(pid, proc=self.meter.proc).start_time)
             except (FileNotFoundError, ProcessLookupError, ValueError):
                 continue
             if key in self._refused:
@@ -187,20 +187,15 @@ class ElasticRunner:
         # Children seen once follow without being recorded (a state-file write each, and most
         # of them, parallel workers, are gone by the next period); recorded if they live on.
         for pid in sorted(self._pending):
-            for tid in procfs.thread_ids(pid):
-                try:
-                    set_thread_affinity(tid, cpus)
-                except EnforceError as err:
-                    log.debug("elastic group %s: pinning %d: %s", self.name, tid, err)
+            self._pin_child(pid, record=False)
 
-    def _pin_child(self, pid: int) -> None:
-        try:
-            tids = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
-        except FileNotFoundError:
-            return
-        for tid in tids:
+    def _pin_child(self, pid: int, record: bool = True) -> None:
+        """Every thread of a child forked inside the group onto its CPUs, through the enforcer:
+        recorded for the restore (add_thread), or not yet (follow_thread)."""
+        pin = self.enforcer.add_thread if record else self.enforcer.follow_thread
+        for tid in procfs.thread_ids(pid, self.meter.proc):
             try:
-                self.enforcer.add_thread(self.task, tid)
+                pin(self.task, tid)
             except EnforceError as err:
                 log.debug("elastic group %s: pinning %d: %s", self.name, tid, err)
 

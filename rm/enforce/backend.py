@@ -18,10 +18,11 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from .affinity import AffinityEnforcer, check_task_name
+from .affinity import AffinityEnforcer
 from .cgroupfs import MOUNTS, find_cpuset_mount
 from .cpuset import CpusetV1Enforcer, CpusetV2Enforcer
 from .errors import EnforceError
+from .recording import check_task_name
 
 log = logging.getLogger("cod.rm.enforce")
 
@@ -39,6 +40,11 @@ class Enforcer(Protocol):
 
     def add_thread(self, task: str, tid: int) -> bool:
         """Confine a thread/child born after apply(); False when it is already gone."""
+
+    def follow_thread(self, task: str, tid: int) -> bool:
+        """Give a thread born inside an applied task (it inherited the task's CPUs) the task's
+        CPUs now, without recording it for the restore (a short-lived child costs no state-file
+        write; add_thread records it once it lives on); False when it is already gone."""
 
     def pin_threads(self, task: str, targets: Mapping[int, Sequence[int]]) -> list[int]:
         """Narrow single threads of an applied task to subsets of its CPUs (a plan deployment);
@@ -74,6 +80,9 @@ class NullEnforcer:
         return [p for p in pids if os.path.exists(f"/proc/{p}")]
 
     def add_thread(self, task: str, tid: int) -> bool:
+        return os.path.exists(f"/proc/{tid}")
+
+    def follow_thread(self, task: str, tid: int) -> bool:
         return os.path.exists(f"/proc/{tid}")
 
     def pin_threads(self, task: str, targets: Mapping[int, Sequence[int]]) -> list[int]:

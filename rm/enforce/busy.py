@@ -1,13 +1,8 @@
 """Noticing CPU-hungry processes nobody registered (the paper's noisy system, 7.3/7.4).
 
 `BusyDetector.sample()` is called every ``interval`` seconds (0.1 s suggested).
-It reports the processes whose CPU use stayed at or above ``threshold`` (in
-cores; 0.5 = half a core) over each of the last ``window`` samples, and keeps
-reporting one until it has stayed below half the threshold for
-``quiet_window`` samples in a row.  The band between the two levels and the
-longer quiet window are the hysteresis: a steady hog that shares its CPU
-with other work (and so measures near the threshold) is not forgotten and
-found again, which would move it, and the tasks around it, each time.
+It reports the processes that are busy by the rules of `cod.rm.busy.BusyPolicy` (the
+thresholds, the window and the hysteresis live there: this module measures).
 Registered pids, this process and kernel threads are never reported.
 
 Use counts the time a process *wanted* a CPU, not only the time it got one:
@@ -28,7 +23,7 @@ idle machine thus costs a few tens of microseconds per sample; the price is
 one more sample of delay before a hog is reported (the scan's baseline).
 
 What to do with a hog (record it as ``other_task``, recompute, confine it) is
-the RM's policy; `confine()` is the mechanism.
+the RM's policy (cod.rm.busy, cod.rm.monitor); `confine()` is the mechanism.
 """
 
 from __future__ import annotations
@@ -38,6 +33,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from ..busy import BusyPolicy, other_task_name
 from . import procfs
 from .errors import EnforceError
 
@@ -77,12 +73,10 @@ class BusyDetector:
                  quiet_window: int = 20,
                  proc: str = procfs.PROC, clock: Callable[[], float] = time.monotonic,
                  always_scan: bool = False) -> None:
-        if threshold <= 0:
-            raise EnforceError(f"busy threshold must be a positive number of cores, not {threshold!r}")
-        if window < 1:
-            raise EnforceError(f"busy window must be at least one sample, not {window!r}")
-        if quiet_window < 1:
-            raise EnforceError(f"busy quiet window must be at least one sample, not {quiet_window!r}")
+        self.policy = BusyPolicy(threshold, window, quiet_window)  # what counts as busy (cod.rm.busy)
+        problem = self.policy.problem()
+        if problem is not None:
+            raise EnforceError(problem)
         self.threshold = threshold
         self.window = window
         self.quiet_window = quiet_window
@@ -138,8 +132,8 @@ class BusyDetector:
             tr = _Track(old.start, got[0], now)
             use = self._use(pid, old, tr)
             tr.recent = (old.recent + [use])[-self.window:]
-            tr.busy_run = old.busy_run + 1 if use < self.threshold / 2 else 0  # here: the quiet run
-            if tr.busy_run < self.quiet_window:
+            tr.busy_run = old.busy_run + 1 if self.policy.quiet(use) else 0  # here: the quiet run
+            if not self.policy.forgotten(tr.busy_run):
                 still[pid] = tr
         self._hogs = still
         return list(still.items())
@@ -148,7 +142,7 @@ class BusyDetector:
         """Cores ``pid`` used or waited for between ``old`` and ``new`` (sets ``new.wait_ns``)."""
         dt = new.at - old.at
         use = (new.ticks - old.ticks) / CLK_TCK / dt
-        if use >= self.threshold / 4:  # only a process that runs at all can be starved
+        if self.policy.worth_reading_wait(use):
             new.wait_ns = procfs.schedstat_delay_ns(pid, self.proc)
             if new.wait_ns is not None and old.wait_ns is not None and new.wait_ns >= old.wait_ns:
                 use += (new.wait_ns - old.wait_ns) / 1e9 / dt
@@ -166,7 +160,7 @@ class BusyDetector:
         # Hogs already reported explain their own CPU time, so they do not keep us scanning.
         unexplained = self._unexplained(now, skip | set(self._hogs))
         watching = any(t.busy_run for t in self._tracks.values())
-        if not (self.always_scan or watching or unexplained >= self.threshold):
+        if not (self.always_scan or watching or self.policy.worth_scanning(unexplained)):
             self._tracks = {}  # stale baselines would average over the quiet time
             return self._report(hot)
         self.scans += 1
@@ -193,10 +187,10 @@ class BusyDetector:
             if old is None or old.start != start or now <= old.at:
                 continue
             use = self._use(pid, old, tr)
-            if use >= self.threshold:
+            if self.policy.hot(use):
                 tr.busy_run = old.busy_run + 1
                 tr.recent = (old.recent + [use])[-self.window:]
-                if tr.busy_run >= self.window:
+                if self.policy.reported(tr.busy_run):
                     hot.append((pid, tr))
                     self._hogs[pid] = _Track(start, ticks, now, 0, list(tr.recent), tr.wait_ns)
                     self._known[pid] = _Track(start, ticks, now)  # explained from the next sample
@@ -224,6 +218,6 @@ def confine(enforcer, hog: BusyProcess, cpus: Sequence[int], mems: Sequence[int]
     so it is recorded and undone like any task.  Returns the task name used."""
     if not procfs.same_process(hog.pid, hog.start_time):
         raise EnforceError(f"process {hog.pid} ({hog.comm}) is gone; not confining it")
-    task = f"other.{hog.pid}"
+    task = other_task_name(hog.pid)
     enforcer.apply(task, [hog.pid], cpus, mems)
     return task

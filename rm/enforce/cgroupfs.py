@@ -7,6 +7,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from . import procfs
+
 MOUNTS = "/proc/self/mounts"
 
 
@@ -44,17 +46,14 @@ def find_cpuset_mount(mounts: str = MOUNTS) -> CpusetMount | None:
     return None
 
 
-def process_cgroup(pid: int, version: int, proc: str = "/proc") -> str | None:
+def process_cgroup(pid: int, version: int, proc: str = procfs.PROC) -> str | None:
     """The cgroup path (relative to the mount, starting with '/') of ``pid`` in the
     cpuset hierarchy (v1) or the unified one (v2); None when gone or absent."""
     try:
-        with open(f"{proc}/{pid}/cgroup") as f:
-            lines = f.read().splitlines()
+        lines = procfs.cgroups(pid, proc)
     except (FileNotFoundError, ProcessLookupError):
         return None
-    for line in lines:
-        hier, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
+    for hier, controllers, path in lines:
         if version == 1 and "cpuset" in controllers.split(","):
             return path
         if version == 2 and hier == "0" and controllers == "":

@@ -11,20 +11,38 @@ affinity and removes the directory.
 
 from __future__ import annotations
 
+import base64
 import ctypes
 import errno
 import logging
 import os
 import platform
+import re
 from collections.abc import Mapping, Sequence
 
 from . import procfs
-from .affinity import TASK_NAME, RecordingEnforcer, cgroup_dir_name, pin_process
 from .cgroupfs import CpusetMount, move_into, process_cgroup
 from .errors import EnforceError
+from .pinning import pin_process
+from .recording import RecordingEnforcer, check_task_name
 from .state import ProcRecord
 
 log = logging.getLogger("cod.rm.enforce")
+
+TASK_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}")
+
+
+def cgroup_dir_name(task: str) -> str:
+    """The cgroup directory of a task: its own name when that is a plain word, else an escape.
+
+    Plain words ([A-Za-z0-9_][A-Za-z0-9_.:-]{0,63}) stay readable; any other name becomes
+    "~" + base32 of its UTF-8 bytes, which no plain word starts with, so two names never share
+    a directory, and never "." or ".." or a "/" (at most 206 bytes, below NAME_MAX)."""
+    check_task_name(task)
+    if TASK_NAME.fullmatch(task):
+        return task
+    return "~" + base64.b32encode(task.encode("utf-8")).decode("ascii").rstrip("=").lower()
+
 
 # migrate_pages(2) has no glibc wrapper; its number per architecture, from the kernel's syscall
 # tables (arch/*/entry/syscalls/*.tbl, include/uapi/asm-generic/unistd.h for the generic ones).

@@ -54,8 +54,10 @@ class CpuLoadSampler:
         return load
 
 
-def node_free_bytes(sys_nodes: str = SYS_NODES) -> dict[int, int]:
-    """Free memory of every NUMA node, in bytes."""
+def node_free_bytes(sys_nodes: str = SYS_NODES, meminfo: str | None = None) -> dict[int, int]:
+    """Free memory of every NUMA node, in bytes.  With one node and ``meminfo`` (/proc/meminfo), the
+    larger of the node's MemFree and the machine's: a kernel may count part of a node's memory only
+    once it has been used (facts/sysfs.py, ``_one_node_holds_all``; docs/design-facts.md, "Memory")."""
     out: dict[int, int] = {}
     for name in os.listdir(sys_nodes):
         if not (name.startswith("node") and name[4:].isdigit()):
@@ -67,7 +69,22 @@ def node_free_bytes(sys_nodes: str = SYS_NODES) -> dict[int, int]:
                 if len(parts) >= 4 and parts[2] == "MemFree:":
                     out[int(name[4:])] = int(parts[3]) * 1024
                     break
+    if len(out) == 1 and meminfo is not None:
+        [(node, free)] = out.items()
+        out = {node: max(free, _meminfo_free(meminfo) or 0)}
     return dict(sorted(out.items()))
+
+
+def _meminfo_free(path: str) -> int | None:
+    """MemFree of /proc/meminfo in bytes (None when unreadable)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("MemFree:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def parse_numa_maps(text: bytes) -> dict[int, int]:
@@ -170,11 +187,12 @@ class LiveStateSampler:
         self.cpu = CpuLoadSampler(proc)
         self.task = TaskSampler(proc)
         self.sys_nodes = sys_nodes
+        self.meminfo = os.path.join(proc, "meminfo")
 
     def sample(self, tasks: Mapping[str, Iterable[int]], pages: bool = True) -> LiveState:
         return LiveState(
             at=time.monotonic(),
             cpu_load=self.cpu.sample(),
-            node_free_bytes=node_free_bytes(self.sys_nodes),
+            node_free_bytes=node_free_bytes(self.sys_nodes, self.meminfo),
             tasks=self.task.sample(tasks, pages),
         )

@@ -1,8 +1,13 @@
-"""Small readers of /proc/PID: the facts enforcement needs about one process.
+"""The one reader of /proc/PID: what the daemon and the tools need about a process and its threads.
 
-A process is identified by (pid, start time) as psutil does, so that a pid
-reused by a new process is never mistaken for the one we pinned.  Every
-reader takes ``proc`` (default ``/proc``) so tests may point it elsewhere.
+Every parse of ``/proc/PID/stat``, ``task/TID/stat``, ``schedstat``, ``comm``
+and ``status`` is here, used by the enforcer, the busy detector, elastic
+groups (``rm/elastic/measure.py``) and ``cod profile``
+(``rm/deploy/measure/threads.py``).  As in psutil, every reader takes one root,
+``proc`` (default ``/proc``), so tests point it at a fake tree; and a process
+is identified by (pid, start time), so that a pid reused by a new process is
+never mistaken for the one we pinned.  A reader of a process that is gone
+answers None (or [] / {}), never a half-read value.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ class Stat:
     flags: int
     utime: int  # clock ticks
     stime: int  # clock ticks
+    cutime: int  # clock ticks of the children it reaped
+    cstime: int
     num_threads: int
     start_time: int  # clock ticks after boot; with the pid, the process identity
     processor: int  # CPU it last ran on
@@ -54,6 +61,8 @@ def parse_stat(text: str) -> Stat:
         flags=int(rest[6]),
         utime=int(rest[11]),
         stime=int(rest[12]),
+        cutime=int(rest[13]),
+        cstime=int(rest[14]),
         num_threads=int(rest[17]),
         start_time=int(rest[19]),
         processor=int(rest[36]),
@@ -84,6 +93,15 @@ def cpu_ticks(pid: int, proc: str = PROC) -> tuple[int, int, int] | None:
     return parse_cpu_ticks(data)
 
 
+def cpu_totals(pid: int, proc: str = PROC) -> tuple[int, int, int] | None:
+    """(utime+stime, cutime+cstime of the children it reaped, start time) of ``pid``; None if gone."""
+    try:
+        rest = _after_comm(read_small(f"{proc}/{pid}/stat"))
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(rest[11]) + int(rest[12]), int(rest[13]) + int(rest[14]), int(rest[19])
+
+
 def start_time(pid: int, proc: str = PROC) -> int | None:
     """The start time of ``pid``, or None when there is no such process."""
     try:
@@ -104,29 +122,62 @@ def thread_ids(pid: int, proc: str = PROC) -> list[int]:
         return []
 
 
+def comm(pid: int, proc: str = PROC) -> str | None:
+    """The name of process ``pid`` (``/proc/PID/comm``); None if it is gone."""
+    try:
+        return read_small(f"{proc}/{pid}/comm").decode(errors="replace").rstrip("\n")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
+def cgroups(pid: int, proc: str = PROC) -> list[tuple[str, str, str]]:
+    """(hierarchy id, controllers, path) per line of ``/proc/PID/cgroup`` (v2's line is
+    ("0", "", path)); raises FileNotFoundError/ProcessLookupError when ``pid`` is gone."""
+    with open(f"{proc}/{pid}/cgroup") as f:
+        lines = f.read().splitlines()
+    return [(hier, controllers, path) for hier, controllers, path in
+            (line.split(":", 2) for line in lines if line.count(":") >= 2)]
+
+
+def thread_comm(pid: int, tid: int, proc: str = PROC) -> str | None:
+    """The name of thread ``tid`` (``/proc/PID/task/TID/comm``, 15 bytes at most); None if it exited."""
+    try:
+        return read_small(f"{proc}/{pid}/task/{tid}/comm").decode(errors="replace").rstrip("\n")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def thread_names(pid: int, proc: str = PROC) -> dict[int, str]:
     """Each thread of ``pid`` and its name (``/proc/PID/task/TID/comm``); {} when it is gone."""
-    names: dict[int, str] = {}
-    for tid in thread_ids(pid, proc):
-        try:
-            names[tid] = read_small(f"{proc}/{pid}/task/{tid}/comm").decode(errors="replace").rstrip("\n")
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # exited meanwhile
-    return names
+    names = {tid: thread_comm(pid, tid, proc) for tid in thread_ids(pid, proc)}
+    return {tid: name for tid, name in names.items() if name is not None}  # some exited meanwhile
+
+
+def thread_schedstat(pid: int, tid: int, proc: str = PROC) -> tuple[int, int] | None:
+    """(ns on a CPU, ns runnable but waiting for one) of thread ``tid`` since it started
+    (``/proc/PID/task/TID/schedstat``, CONFIG_SCHED_INFO); None if it exited or the file is missing."""
+    try:
+        fields = read_small(f"{proc}/{pid}/task/{tid}/schedstat").split()
+        return int(fields[0]), int(fields[1])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+
+
+def thread_cpu_ticks(pid: int, tid: int, proc: str = PROC) -> int | None:
+    """utime+stime of thread ``tid`` in clock ticks (``/proc/PID/task/TID/stat``); None if it exited."""
+    try:
+        rest = _after_comm(read_small(f"{proc}/{pid}/task/{tid}/stat"))
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(rest[11]) + int(rest[12])
 
 
 def schedstat_delay_ns(pid: int, proc: str = PROC) -> int | None:
     """Run-queue wait of ``pid``'s live threads (``/proc/PID/task/TID/schedstat`` field 2)."""
-    total = 0
     tids = thread_ids(pid, proc)
     if not tids:
         return None
-    for tid in tids:
-        try:
-            total += int(read_small(f"{proc}/{pid}/task/{tid}/schedstat").split()[1])
-        except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-            continue
-    return total
+    return sum(s[1] for s in (thread_schedstat(pid, tid, proc) for tid in tids) if s is not None)
 
 
 def pids(proc: str = PROC) -> list[int]:
@@ -192,7 +243,12 @@ class KeptFiles:
         self.keep_only(())
 
 
+def _after_comm(data: bytes) -> list[bytes]:
+    """The fields of a stat file after comm (which runs to the *last* ')'): field N is [N - 3]."""
+    return data[data.rindex(b")") + 2 :].split(None, 20)
+
+
 def parse_cpu_ticks(data: bytes) -> tuple[int, int, int]:
     """(utime+stime, start time, flags) from the bytes of a stat file."""
-    rest = data[data.rindex(b")") + 2 :].split(None, 20)
+    rest = _after_comm(data)
     return int(rest[11]) + int(rest[12]), int(rest[19]), int(rest[6])

@@ -4,8 +4,10 @@
 :- module(cod_guard,
           [ guard_installed/0,       % is the deny layer ahead of library(sandbox)?
             reserved_exception/1,    % ?Ball
-            denied_reason/3          % +Name, +Arity, -Reason
+            denied_reason/3,         % +Name, +Arity, -Reason
+            argument_refusal/2       % +Goal, -Error
           ]).
+:- use_module(cod_format).
 
 /** <module> The deny layer of the COD SKB sandbox
 
@@ -28,7 +30,22 @@ are therefore unsafe here, and this module takes them back:
     add_facts/remove_facts, where they are counted against its quota;
   - abort/0, print_message/2, cleanup handlers (they run after the time
     limit has fired and cannot be interrupted), attributes (they name the
-    module whose hooks run: another application's code on our data).
+    module whose hooks run: another application's code on our data);
+  - message translation (message_to_string/2 runs format/3 on the
+    message's arguments, outside the checks below), statistics/0,1.
+
+Some goals are allowed only with arguments the check can see when the goal
+is checked, before it runs (argument_refusal/2):
+
+  - format/1,2,3: the format string (cod_format.pl: no `~@ ~p ~W`,
+    numeric arguments bounded);
+  - throw/1: a ball that cannot be a reserved exception (below), so
+    `X = '$aborted', throw(X)` is refused as well: an unbound ball could be
+    anything at run time;
+  - term_string/3: write options from a short list (portray_goal(G) would
+    call G);
+  - statistics/2: the calling thread's own time and inferences only;
+  - current_prolog_flag/2: a named flag, not the engine's command line.
 
 catch/3 and catch_with_backtrace/3 stay allowed, but their catcher must be
 bound and must not unify with a reserved exception: the SKB's limits
@@ -82,6 +99,8 @@ refuse(Goal) :-
     ;   catch_goal(Name, Arity)
     ->  arg(2, Plain, Catcher),
         check_catcher(Name/Arity, Catcher)
+    ;   argument_refusal(Plain, Error)
+    ->  throw(Error)
     ).
 
 catch_goal(catch, 3).
@@ -97,6 +116,73 @@ check_catcher(PI, Catcher) :-
                     cod_guard(PI)))
     ;   fail                        % allowed: sandbox checks the goals
     ).
+
+%!  argument_refusal(+Goal, -Error) is semidet.
+%
+%   Goal (not module-qualified) may not run as application code with the
+%   arguments it has when it is checked: Error says why.
+argument_refusal(format(F), E) :-
+    format_error(format/1, F, [], E).
+argument_refusal(format(F, A), E) :-
+    format_error(format/2, F, A, E).
+argument_refusal(format(_, F, A), E) :-
+    format_error(format/3, F, A, E).
+argument_refusal(throw(Ball), error(permission_error(throw, reserved_exception, Ball),
+                                    cod_guard(throw/1))) :-
+    (   var(Ball)
+    ->  true
+    ;   reserved_exception(R),
+        \+ Ball \= R
+    ),
+    !.
+argument_refusal(term_string(_, _, Options),
+                 error(permission_error(call, sandboxed, term_string/3),
+                       cod_guard(term_string/3, write_option(O)))) :-
+    (   \+ is_list(Options)
+    ->  O = Options
+    ;   member(O, Options),
+        \+ safe_write_option(O)
+    ),
+    !.
+argument_refusal(statistics(Key, _),
+                 error(permission_error(call, sandboxed, statistics/2),
+                       cod_guard(statistics/2, statistics_key(Key)))) :-
+    \+ ( atom(Key), own_statistic(Key) ).
+argument_refusal(current_prolog_flag(Flag, _),
+                 error(permission_error(call, sandboxed, current_prolog_flag/2),
+                       cod_guard(current_prolog_flag/2, prolog_flag(Flag)))) :-
+    \+ ( atom(Flag), \+ hidden_flag(Flag) ).
+
+format_error(PI, F, A, error(permission_error(call, sandboxed, PI), cod_guard(PI, Why))) :-
+    format_refusal(F, A, Why).
+
+safe_write_option(O) :-
+    nonvar(O),
+    O =.. [Name, Value],
+    memberchk(Name, [quoted, ignore_ops, max_depth, numbervars, variable_names,
+                     syntax_errors, double_quotes, back_quotes, spacing, dotlists,
+                     brace_terms, no_lists, character_escapes, fullstop, nl]),
+    (   Name == variable_names -> true ; atomic(Value) ).
+
+%   Statistics of the calling thread alone: nothing about the engine as a
+%   whole (memory, atoms, threads) or other applications' work.
+own_statistic(cputime).
+own_statistic(inferences).
+own_statistic(runtime).
+own_statistic(walltime).
+own_statistic(real_time).
+
+%   Flags that tell about the engine's process rather than Prolog: its
+%   command line (settings, paths), executable and process id.
+hidden_flag(argv).
+hidden_flag(os_argv).
+hidden_flag(executable).
+hidden_flag(pid).
+hidden_flag(home).
+hidden_flag(shared_home).
+hidden_flag(associated_file).
+hidden_flag(resource_database).
+hidden_flag(tmp_dir).
 
 %!  reserved_exception(?Ball) is nondet.
 %
@@ -133,6 +219,10 @@ kind_reason(cleanup,
             "cleanup handlers run after the time limit and cannot be interrupted").
 kind_reason(attributes,
             "attribute hooks run code of the module they name").
+kind_reason(messages,
+            "message translation runs format/3 on its arguments, outside the sandbox's checks").
+kind_reason(engine,
+            "it reports on the whole engine (memory, threads, other applications' work)").
 
 % reflection
 denied(clause, 2, reflection).
@@ -205,6 +295,17 @@ denied(halt, 1, control).
 % output
 denied(print_message, 2, output).
 denied(print_message_lines, 3, output).
+% message translation
+denied(message_to_string, 2, messages).
+denied(message_to_codes, 3, messages).
+denied(translate_message, 1, messages).
+denied(translate_message, 3, messages).
+denied(message_property, 2, messages).
+% the engine as a whole
+denied(statistics, 0, engine).
+denied(statistics, 1, engine).
+denied(garbage_collect, 0, engine).
+denied(prolog_flag, 2, engine).
 % cleanup handlers
 denied(call_cleanup, 2, cleanup).
 denied(call_cleanup, 3, cleanup).

@@ -57,4 +57,41 @@ test(ordinary_code_is_allowed, [forall(member(G, [findall(X, member(X, [1, 2]), 
 test(reserved_exceptions_are_listed, [nondet]) :-
     reserved_exception(cod_limit(time)).
 
+test(denied_message_translation_and_engine_state,
+     [forall(member(G, [ message_to_string(format("~@", [shell(x)]), _), message_to_codes(x, _, _),
+                         print_message_lines(current_output, '', []), statistics, statistics(_),
+                         statistics(atoms, _), statistics(_, _), statistics(process_cputime, _),
+                         current_prolog_flag(argv, _), current_prolog_flag(os_argv, _),
+                         current_prolog_flag(_, _), (F = argv, current_prolog_flag(F, _)) ]))]) :-
+    refused(G).
+
+test(denied_format_directives,
+     [forall(member(G, [ format("~@", [shell(x)]), format(atom(_), "~p", [x]),
+                         format(atom(_), '~W', [shell(x), [portray_goal(call)]]),
+                         with_output_to(string(_), format("~@", [shell(x)])),
+                         format(atom(_), '~t~*|', [200000000]), format(atom(_), '~100000000e', [1]),
+                         format(atom(_), '~100000000f', [1]), format(atom(_), '~*c', [_, 0'x]),
+                         format('~100000000n'), format(_, [x]),
+                         findall(A, format(atom(A), '~t~*|', [200000000]), _),
+                         term_string(shell(x), _, [portray_goal(call)]), term_string(x, _, _) ]))]) :-
+    refused(G).
+
+test(reserved_exceptions_cannot_be_thrown,
+     [forall(member(G, [ throw('$aborted'), throw(unwind(abort)), throw(time_limit_exceeded),
+                         throw(time_limit_exceeded(1)), throw(inference_limit_exceeded),
+                         throw(cod_limit(time)), throw(cod_revoked), (X = '$aborted', throw(X)),
+                         throw(_), call(throw, '$aborted'), maplist(throw, ['$aborted']),
+                         catch(true, error(_, _), throw(unwind(_))) ]))]) :-
+    app(M),
+    catch(( safe_goal(M:G), fail ), error(permission_error(_, _, _), _), true).
+
+test(ordinary_format_statistics_and_throws_are_allowed,
+     [forall(member(G, [ format(atom(_), '~a~t~20|~w', [x, y]), format(atom(_), '~*c', [10, 0'x]),
+                         format(atom(_), '~2f', [1.5]), term_string(f(_), _, [quoted(true)]),
+                         statistics(cputime, _), statistics(inferences, _),
+                         current_prolog_flag(bounded, _), throw(my_error),
+                         throw(error(type_error(integer, _), _)),
+                         catch(atom_length(_, _), error(E, C), throw(error(E, C))) ]))]) :-
+    app(M), safe_goal(M:G).
+
 :- end_tests(cod_guard).

@@ -84,8 +84,8 @@ json_write_value(S, V, D) :-
     write(S, ',"args":'),
     json_write_value(S, Args, D1),
     put_char(S, '}').
-json_write_value(S, V, _) :-              % blobs (streams, clause refs...)
-    format(atom(A), '~p', [V]),
+json_write_value(S, V, _) :-              % blobs (streams, clause refs...): no print hook
+    format(atom(A), '~w', [V]),
     json_write_text(S, A).
 
 json_write_elements([], _, _).

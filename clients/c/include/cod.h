@@ -248,9 +248,13 @@ COD_EXPORT int cod_event_subscription(const cod_event *ev);   /* the id cod_subs
 COD_EXPORT const cod_value *cod_event_get(const cod_event *ev, const char *key);
 COD_EXPORT const cod_value *cod_event_params(const cod_event *ev); /* every field, as an object */
 
-/* Subscribes to event ("allocation_changed", "task_arrived", "task_left", "facts_changed").
+/* Subscribes to event ("allocation_changed", "task_arrived", "task_left", "facts_changed",
+ * "condition").
  * filter: NULL, or key/value pairs ending in NULL, e.g. {"task", "db", "task", "olap", NULL}:
- * a key given several times matches any of its values.  Returns the subscription id (> 0). */
+ * a key given several times matches any of its values.  "condition" needs the filter
+ * {"goal", GOAL, NULL}: a goal over the SKB; its upcalls carry "goal", "state" (bool) and, when
+ * true, "bindings", on each change of its truth (docs/protocol.md, "Conditions").
+ * Returns the subscription id (> 0). */
 COD_EXPORT int cod_subscribe(cod_conn *c, const char *event, const char *const *filter, cod_event_fn fn,
                              void *userdata);
 COD_EXPORT int cod_unsubscribe(cod_conn *c, int subscription);

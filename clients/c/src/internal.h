@@ -12,6 +12,9 @@
 
 #define COD_HIDDEN __attribute__((visibility("hidden")))
 
+/* ---- UTF-8 (utf8.c) ---- */
+COD_HIDDEN int cod_utf8_valid(const char *s, size_t n); /* 1: valid UTF-8 (no surrogates, no overlong forms) */
+
 /* ---- a growable byte buffer (buf.c) ---- */
 typedef struct cod_buf {
     char *p;
@@ -29,7 +32,6 @@ COD_HIDDEN int cod_buf_dump_json(cod_buf *b, const json_t *v);   /* compact JSON
 COD_HIDDEN int cod_buf_json_string(cod_buf *b, const char *s, size_t n); /* a JSON string; COD_EINVAL if not UTF-8 */
 
 /* ---- Prolog text (prolog.c) ---- */
-COD_HIDDEN int cod_utf8_valid(const char *s, size_t n);
 COD_HIDDEN int cod_quote_atom_to(cod_buf *b, const char *s, size_t n);
 COD_HIDDEN int cod_quote_string_to(cod_buf *b, const char *s, size_t n);
 /* Expands a template; 0, COD_EINVAL (why in *why, malloc'd) or COD_ENOMEM. */

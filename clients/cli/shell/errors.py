@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cod.client import errors as client_errors
+from cod.protocol.errors import CodError
 from cod.skb import SKBError as EngineError
 
 # Exit statuses of `cod shell` in scripts.
@@ -21,7 +22,7 @@ STATUS_FALSE = 1  # a query had no answer (the top level's `false.`)
 STATUS_ERROR = 2  # anything went wrong
 
 
-class ShellError(Exception):
+class ShellError(CodError):
     """A failure found by the shell itself (bad command, bad argument, missing task...)."""
 
     def __init__(self, message: str, *, kind: str = "usage", detail: list[str] | None = None) -> None:
@@ -30,7 +31,7 @@ class ShellError(Exception):
         self.detail = detail or []
 
 
-class ConnectionProblem(Exception):
+class ConnectionProblem(CodError):
     """The daemon went away (or never answered); the shell dials it again at the next command."""
 
     def __init__(self, message: str, *, lost: bool) -> None:
@@ -100,6 +101,12 @@ def _skb_problem(code: str, message: str, data: dict[str, Any], source: str | No
     return Problem(code, sentence(message), [], data)
 
 
+def _from_the_connection(err: CodError) -> bool:
+    """An error of the client or of the wire (the connection is in doubt), not one of this shell's own
+    parts, which derive from CodError too."""
+    return type(err).__module__.startswith(("cod.client.", "cod.protocol."))
+
+
 def describe(err: BaseException, *, source: str | None = None, timeout_s: float | None = None,
              commands: frozenset[str] = frozenset()) -> Problem:
     """The Problem for any exception the shell may meet while running a statement."""
@@ -124,7 +131,7 @@ def describe(err: BaseException, *, source: str | None = None, timeout_s: float 
         if isinstance(err, client_errors.InvalidRequest):
             return Problem("invalid", sentence(err.message), [], data)
         return Problem("daemon", sentence(f"the daemon reported an error: {err.message} (code {err.code})"), [], data)
-    if isinstance(err, client_errors.CodError):
+    if isinstance(err, CodError) and _from_the_connection(err):
         return Problem("lost", sentence(str(err)))
     if isinstance(err, OSError):
         return Problem("os", sentence(f"{err.filename + ': ' if err.filename else ''}{err.strerror or err}"))

@@ -14,9 +14,13 @@ import sys
 from typing import IO, Any, Iterable
 
 from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.text import Text
 
 from .errors import Problem
+
+# The widest a line is made into a pipe (a table of very long values is folded beyond it).
+PIPE_MAX_WIDTH = 1000
 
 
 class Output:
@@ -57,8 +61,25 @@ class Output:
                     self.console.print(item)
             return
         for item in items:
-            self.console.print(item)
+            if self.is_tty:
+                self.console.print(item)
+            else:
+                self._print_whole(item)
         self.stdout.flush()
+
+    def _print_whole(self, item: RenderableType) -> None:
+        """Into a pipe or a file lines are left whole: a table keeps its natural width rather than
+        being squeezed into wrapped columns to fit $COLUMNS."""
+        width = self.console.width
+        try:
+            self.console.width = self._natural_width(item)
+            self.console.print(item)
+        finally:
+            self.console.width = width
+
+    def _natural_width(self, item: RenderableType) -> int:
+        wide = self.console.options.update(max_width=PIPE_MAX_WIDTH)
+        return max(self.console.width, min(PIPE_MAX_WIDTH, Measurement.get(self.console, wide, item).maximum))
 
     def _should_page(self, items: list[RenderableType]) -> bool:
         if not (self.interactive and self.is_tty) or self.pager == "off":

@@ -19,6 +19,7 @@ from rich.text import Text
 from cod.facts.cpulist import format_cpulist
 from cod.facts.model import Machine
 
+from ..plan_words import plan_sentence
 from .explain import cpus_text, explanation_lines
 from .topology import cpu_groups
 
@@ -32,6 +33,17 @@ def task_styles(names: list[str]) -> dict[str, str]:
 
 
 # ---- the allocation matrix ---------------------------------------------------------------------
+def _node_text(node: int) -> str:
+    return f"node {node}" if node >= 0 else "node ?"
+
+
+def _piece_width(piece: tuple[int, str, list[int]], cell: int) -> int:
+    """Columns of one group's piece: its CPUs, or its node and L3 labels when they are wider
+    (a node of two CPUs: "node 0" and "L3 0-1" are wider than " 0  1")."""
+    node, label, cpus = piece
+    return max(len(cpus) * (cell + 1) - 1, len(_node_text(node)), len(label))
+
+
 def _fold(groups: list[tuple[int, str, list[int]]], cell: int, label_w: int, width: int) \
         -> list[list[tuple[int, str, list[int]]]]:
     """Blocks of groups that each fit in `width` columns (a group too wide alone is cut)."""
@@ -44,7 +56,7 @@ def _fold(groups: list[tuple[int, str, list[int]]], cell: int, label_w: int, wid
     blocks: list[list[tuple[int, str, list[int]]]] = [[]]
     used = 0
     for piece in pieces:
-        w = 3 + len(piece[2]) * (cell + 1) - 1
+        w = 3 + _piece_width(piece, cell)
         if blocks[-1] and used + w > room:
             blocks.append([])
             used = 0
@@ -88,22 +100,25 @@ def allocation_matrix(machine: Machine, listing: dict[str, Any], width: int) -> 
         cpu_line = Text("CPU".ljust(label_w), style="bold")
         prev_node = None
         prev_label = None
-        for node, label, members in block:
-            w = len(members) * (cell + 1) - 1
-            node_text = (f"node {node}" if node >= 0 else "node ?") if node != prev_node else ""
+        for piece in block:
+            node, label, members = piece
+            w = _piece_width(piece, cell)
+            node_text = _node_text(node) if node != prev_node else ""
             l3_text = label if label != prev_label else ""
             node_line.append(" | " + node_text[:w].ljust(w), style="bold")
             l3_line.append(" | " + l3_text[:w].ljust(w))
-            cpu_line.append(" | " + " ".join(str(c).rjust(cell) for c in members), style="bold")
+            cpu_line.append(" | " + " ".join(str(c).rjust(cell) for c in members).ljust(w), style="bold")
             prev_node, prev_label = node, label
         lines = [node_line, l3_line, cpu_line]
         for name, style, key in rows:
             line = Text(name.ljust(label_w), style=style)
-            for _, _, members in block:
+            for piece in block:
                 line.append(" | ")
+                members = piece[2]
                 for i, c in enumerate(members):
                     ch, st = mark(key, c)
                     line.append((" " if i else "") + ch.rjust(cell), style=st)
+                line.append(" " * (_piece_width(piece, cell) - (len(members) * (cell + 1) - 1)))
             lines.append(line)
         for line in lines:
             line.append(" |")
@@ -119,7 +134,11 @@ def allocation_view(machine: Machine, listing: dict[str, Any], width: int) -> li
     head = Text(f"Allocation on {machine.name}, epoch {listing.get('epoch')}", style="bold")
     if plan.get("solver") not in (None, "none"):
         head.append(f": plan by {plan['solver']} ({plan.get('status')}, {plan.get('solve_ms')} ms)")
-    items: list[Any] = [head, Text("")]
+    items: list[Any] = [head]
+    if plan.get("solver") not in (None, "none"):
+        items.append(Text(plan_sentence(plan.get("status"), plan["solver"], plan.get("proof"), plan.get("solve_ms")),
+                          style="dim"))
+    items.append(Text(""))
     items += allocation_matrix(machine, listing, width)
     node_of = {p.id: p.numa_node for p in machine.pus}
     for t in tasks:
@@ -198,22 +217,38 @@ def tasks_view(listing: dict[str, Any], colour: bool) -> list[Any]:
     return items
 
 
+def load_text(load: float | None) -> str:
+    """A load in percent as a person reads it: 71%, 120%; one decimal below 10 (4.5%)."""
+    if load is None:
+        return "-"
+    return f"{load:.1f}%" if abs(load) < 10 and round(load, 1) != round(load) else f"{load:.0f}%"
+
+
 def elastic_view(groups: list[dict[str, Any]], colour: bool) -> list[Any]:
     """Elastic groups (docs/elastic.md): what the daemon manages for them, and their Petri net."""
     if not groups:
         return [Text("No elastic groups (cod elastic --pid PID | --cgroup PATH registers one).", style="dim")]
     places = ("checks", "idle", "stable", "overload", "provision")
-    table = _table(colour, "group", "source", "mode", "CPUs", "load", "state", "marking (C I S O P)", "last fired")
-    table.columns[1].overflow = "fold"
+    table = _table(colour, "group", "mode, metric", "CPUs", "load", "state", "marking C I S O P", "last fired")
+    rows, sources = [], []
     for g in groups:
-        source = ", ".join(f"{k} {v}" for k, v in (g.get("source") or {}).items())
-        marking = " ".join(str(g["marking"].get(p, 0)) for p in places)
         recent = sorted(g.get("transitions") or [], key=lambda ft: ft[1])[-4:]
-        load = g.get("load")
-        table.add_row(g["group"], source, f"{g.get('mode')}/{g.get('metric')}", cpus_text(g.get("cores")),
-                      "-" if load is None else f"{load:g}%", str(g.get("state") or "-"), marking,
-                      " ".join(t for t, _ in recent) or "-")
-    return [title("Elastic groups:"), table]
+        rows.append((g["group"], f"{g.get('mode')} {g.get('metric')}", cpus_text(g.get("cores")),
+                     load_text(g.get("load")), str(g.get("state") or "-"),
+                     " ".join(str(g["marking"].get(p, 0)) for p in places), " ".join(t for t, _ in recent) or "-"))
+        sources.append(Text(f"  {g['group']}: " + ", ".join(f"{k} {v}" for k, v in (g.get("source") or {}).items())))
+    # Narrow terminal: names, loads and states stay whole (elastic.postgres.3245 was cut to
+    # elastic.postgres.32…); the other cells wrap at their spaces.  The source (a cgroup path can
+    # be 60 characters) is a line of its own under the table.
+    for i, column in enumerate(table.columns):  # no word is longer than its column's min_width
+        if i in (0, 3, 4):
+            column.no_wrap, column.min_width = i == 0, max(len(row[i]) for row in rows)
+        else:
+            column.min_width = max(len(word) for row in rows for word in row[i].split() or [""])
+    table.collapse_padding = colour  # on a terminal: one blank between columns, not three
+    for row in rows:
+        table.add_row(*row)
+    return [title("Elastic groups:"), table, title("Sources (what each group is):"), *sources]
 
 
 def plan_view(plan: dict[str, Any], listing: dict[str, Any]) -> list[Any]:
@@ -222,13 +257,9 @@ def plan_view(plan: dict[str, Any], listing: dict[str, Any]) -> list[Any]:
             "This SKB records no plan (plans are made by the daemon)."
         return [Text(first)]
     lines = [
-        Text(f"Epoch {listing.get('epoch', plan.get('epoch'))}: plan by {plan['solver']}, {plan.get('status')}, "
-             f"in {plan.get('solve_ms')} ms.", style="bold"),
-        Text({"optimal": (f"Proven optimal: {plan['proof']}." if plan.get("proof")
-                          else "CP-SAT proved this allocation optimal."),
-              "feasible": "CP-SAT stopped at its time limit with a solution it could not prove optimal.",
-              "fallback": "CP-SAT stopped at its time limit without a solution; the greedy allocator answered."}
-             .get(str(plan.get("status")), "")),
+        Text(f"Epoch {listing.get('epoch', plan.get('epoch'))}: plan by {plan['solver']}, "
+             f"{plan_sentence(plan.get('status'), plan['solver'], plan.get('proof'), plan.get('solve_ms'))}",
+             style="bold"),
     ]
     unavailable = plan.get("unavailable") or []
     lines.append(Text(f"CPUs kept free for unregistered busy processes: {cpus_text(unavailable)}."))
@@ -267,7 +298,7 @@ def facts_summary_view(counts: dict[str, int], derived: list[str], app_rows: lis
 
 
 def procedures_view(result: dict[str, Any], library: list[str]) -> list[Any]:
-    from .terms import clause_text
+    from cod.protocol.prolog_text import clause_text
 
     items: list[Any] = [Text(f"Procedures of application {result.get('app')}:", style="bold")]
     procs = result.get("procedures") or []

@@ -10,17 +10,17 @@ one at a time when a person is at the terminal and the ``answers`` setting is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from cod.client import errors as client_errors
+from cod.protocol.prolog_text import solution_text
 from cod.skb import SKBError as EngineError
 
 from .answers import MAX_SOLUTIONS, AnswerStream
 from .backend import Backend
 from .errors import STATUS_ERROR, STATUS_FALSE, STATUS_OK, Problem, ShellError, describe
 from .output import Output
-from .statements import Command, Query, Statement
-from .terms import solution_text
+from .statements import PSQL_PREFIX, Command, Query, Statement, psql_hint
 
 DEFAULT_TIMEOUT_S = 5.0  # the SKB's and the daemon's default query time limit
 
@@ -85,7 +85,10 @@ def is_limit_error(err: Exception) -> bool:
 
 
 class Shell:
-    def __init__(self, backend: Backend, out: Output, *, interactive: bool = False,
+    """``commands``: name -> command (``commands.COMMANDS``, given by the caller: the commands
+    import this module, not the other way round)."""
+
+    def __init__(self, backend: Backend, out: Output, *, commands: Mapping[str, Any], interactive: bool = False,
                  settings: Settings | None = None) -> None:
         self.backend = backend
         self.out = out
@@ -93,9 +96,7 @@ class Shell:
         self.settings = settings or Settings()
         self.read_key: Callable[[], str] | None = None  # set by the interactive front end
         self.done = False  # :quit
-        from .commands import COMMANDS
-
-        self.commands = COMMANDS
+        self.commands = commands
         self._machine = None
 
     # ---- the machine (cached: hardware does not change under a running daemon) ----
@@ -157,6 +158,8 @@ class Shell:
     def _command(self, cmd: Command) -> int:
         if not cmd.name:
             raise ShellError("a command name must follow ':' (try :help)")
+        if cmd.text.startswith(PSQL_PREFIX):
+            raise ShellError(psql_hint(cmd, self.commands))
         spec = self.commands.get(cmd.name) or self._abbreviation(cmd.name)
         return int(spec.run(self, cmd) or 0)
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from cod.facts.model import Machine
+from cod.protocol.prolog_text import display_atom, fact_text
 
-from .terms import atom_text, fact_text
 from .topology import TOPOLOGY_QUERY, machine_from_answer
 
 Query = Callable[..., list[dict[str, Any]]]
@@ -101,7 +101,7 @@ def count_facts(query: Query, predicates: list[tuple[str, int]]) -> dict[str, in
     goals, names = [], {}
     for i, (name, arity) in enumerate(predicates):
         var = f"N{i}"
-        head = atom_text(name) if arity == 0 else f"{atom_text(name)}({', '.join('_' for _ in range(arity))})"
+        head = display_atom(name) if arity == 0 else f"{display_atom(name)}({', '.join('_' for _ in range(arity))})"
         goals.append(f"aggregate_all(count, {head}, {var})")
         names[var] = f"{name}/{arity}"
     answer = _one(query, ", ".join(goals))
@@ -111,7 +111,7 @@ def count_facts(query: Query, predicates: list[tuple[str, int]]) -> dict[str, in
 def list_facts(query: Query, name: str, arity: int, limit: int) -> tuple[list[str], bool]:
     """The facts of ``name/arity`` as clauses, at most ``limit``; and whether there were more."""
     variables = [_VARS[i] if i < len(_VARS) else f"V{i}" for i in range(arity)]
-    goal = atom_text(name) if arity == 0 else f"{atom_text(name)}({', '.join(variables)})"
+    goal = display_atom(name) if arity == 0 else f"{display_atom(name)}({', '.join(variables)})"
     solutions = query(goal, max_solutions=limit + 1, timeout_s=VIEW_TIMEOUT_S)
     texts = [fact_text(name, [s.get(v) for v in variables]) for s in solutions[:limit]]
     return texts, len(solutions) > limit

@@ -1,7 +1,10 @@
 """What the user typed, cut into statements: shell commands and Prolog queries.
 
 A line whose first non-blank character is ``:`` (but not ``:-``) is a shell
-command and ends at the end of the line.  Anything else is Prolog and ends at
+command and ends at the end of the line.  So is a line that starts like a psql
+command, ``\\`` then a letter or ``?`` (``\\tasks``, ``\\q``): no Prolog goal
+starts so (``\\+`` does not), and the shell says to use ``:`` rather than wait
+for a full stop (:func:`psql_hint`).  Anything else is Prolog and ends at
 its *full stop*: a ``.`` followed by white space, ``%`` or the end of the
 text, that is not part of a symbol atom (``=..``), a number (``1.5``), a
 quoted atom or string, or a comment.  This is how SWI-Prolog's top level
@@ -11,8 +14,14 @@ decides that a query is complete.  No I/O here.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
+
+from cod.protocol.errors import CodError
 
 COMMAND_PREFIX = ":"
+PSQL_PREFIX = "\\"
+# psql's commands a newcomer types, and the shell's command that does that job.
+PSQL_EQUIVALENT = {"q": "quit", "?": "help", "h": "help", "d": "facts", "dt": "facts", "df": "procedures"}
 SYMBOL_CHARS = frozenset("#$&*+-./:<=>?@^~\\")
 
 
@@ -37,7 +46,7 @@ class Query:
 Statement = Command | Query
 
 
-class Unterminated(ValueError):
+class Unterminated(CodError, ValueError):
     """A script ends inside a quoted item or a block comment."""
 
 
@@ -46,11 +55,32 @@ def is_command(text: str) -> bool:
     return stripped.startswith(COMMAND_PREFIX) and not stripped.startswith(":-")
 
 
+def is_psql_command(text: str) -> bool:
+    """``\\tasks``, ``\\q``, ``\\?``: a psql habit, never a Prolog goal (``\\+ G`` is one)."""
+    stripped = text.lstrip()
+    return stripped.startswith(PSQL_PREFIX) and len(stripped) > 1 and (stripped[1].isalpha() or stripped[1] == "?")
+
+
+def psql_hint(cmd: Command, commands: Iterable[str]) -> str:
+    """What to type instead of a psql-style ``\\name``: ``:name`` when the shell has it."""
+    known = sorted(set(commands))
+    name = PSQL_EQUIVALENT.get(cmd.name) or next((n for n in known if n == cmd.name), None)
+    if name is None:
+        starts = [n for n in known if n.startswith(cmd.name)]
+        name = starts[0] if len(starts) == 1 else None
+    head = f"shell commands start with ':', not '{PSQL_PREFIX}' as in psql"
+    if name is None:
+        return f"{head} (try :help)"
+    args = " ".join(cmd.args)
+    return f"{head}: use :{name}{' ' + args if args else ''}"
+
+
 def parse_command(text: str, line: int = 1) -> Command:
-    """``:explain scan`` -> Command("explain", ["scan"]).  Arguments split like a shell's words."""
+    """``:explain scan`` -> Command("explain", ["scan"]).  Arguments split like a shell's words.
+    A psql-style ``\\tasks`` parses the same (its ``text`` keeps the backslash)."""
     import shlex
 
-    body = text.strip()[len(COMMAND_PREFIX):]
+    body = text.strip()[1:]
     try:
         words = shlex.split(body, posix=True)
     except ValueError:  # an unbalanced quote: keep the raw words
@@ -132,7 +162,7 @@ def _skip_quoted(text: str, start: int) -> int:
 
 def is_complete(text: str) -> bool:
     """Whether interactive input is a whole statement (Enter then runs it)."""
-    if not text.strip() or is_command(text):
+    if not text.strip() or is_command(text) or is_psql_command(text):
         return True
     try:
         stops = full_stops(text)
@@ -157,7 +187,7 @@ def split(text: str, *, require_stop: bool = False) -> list[Statement]:
         if not buf:
             if _only_comments(line):
                 continue
-            if is_command(line):
+            if is_command(line) or is_psql_command(line):
                 out.append(parse_command(line, number))
                 continue
             buf, buf_line = line, number

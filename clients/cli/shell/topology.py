@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from cod.facts.model import PU, Cache, Core, Machine, NumaNode, Package
+from cod.protocol.errors import CodError
 
 TOPOLOGY_QUERY = (
     "( machine_name(Name) -> true ; Name = unknown ), "
@@ -30,7 +31,7 @@ TOPOLOGY_QUERY = (
 )
 
 
-class TopologyError(ValueError):
+class TopologyError(CodError, ValueError):
     """The SKB holds no usable hardware facts."""
 
 

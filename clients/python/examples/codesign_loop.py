@@ -46,7 +46,7 @@ def main() -> int:
                     up = upcalls.get(timeout=10)
                     if "derived" in up["reason"]:
                         break
-                c.ack_allocation(up["epoch"])
+                c.ack_allocation(epoch=up["epoch"])
                 print(f"SLA {sla / 1000:g} s: {len(up['cores'])} cores ({up['reason']})")
     except CodError as err:
         print(f"codesign_loop: {err}", file=sys.stderr)

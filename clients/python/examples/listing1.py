@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         if event["removed"] and client is not None:
             # Cores are being taken away: a storage engine moves its scan threads and data first,
             # then acknowledges so the RM may give the cores to someone else.
-            client.ack_allocation(event["epoch"])
+            client.ack_allocation(epoch=event["epoch"])
         with arrived:
             upcalls.append(event)
             arrived.notify_all()

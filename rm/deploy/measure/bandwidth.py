@@ -4,7 +4,10 @@ One node at a time: the triad's threads are pinned to the node's usable CPUs
 (one per core by default) and its arrays bound to the node's memory, so the
 figure is the node's *local* bandwidth, the capacity phase 3 packs against.
 Array size follows STREAM's rule: each array at least four times the last-level
-caches it could hit, and no smaller than 64 MiB.
+caches it could hit, and no smaller than 64 MiB; the three arrays take at most
+half of the memory the kernel says is available (MemAvailable), so a machine
+with little free memory gets smaller arrays (said, with what they cost in
+accuracy), and one with less than 3 x 64 MiB to spare is refused.
 """
 
 from __future__ import annotations
@@ -22,6 +25,60 @@ from .cbuild import build
 
 MIB = 1 << 20
 MIN_ARRAY_BYTES = 64 * MIB
+# The triad's three arrays take at most this share of MemAvailable: the rest is left to the
+# machine's other work (a measurement must not push the machine into swapping or the OOM killer).
+MAX_AVAILABLE_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Sizing:
+    array_bytes: int
+    wanted_bytes: int  # what STREAM's rule (or --size-mib) asked for
+    available_bytes: int | None  # MemAvailable; None = unknown
+
+    @property
+    def shrunk(self) -> bool:
+        return self.array_bytes < self.wanted_bytes
+
+    def sentence(self) -> str:
+        """``memory: 3 x 1200 MiB (3.5 GiB) of 22.1 GiB available (MemAvailable)``, and why smaller."""
+        used = 3 * self.array_bytes
+        text = f"memory: 3 x {self.array_bytes // MIB} MiB ({used / (1 << 30):.1f} GiB)"
+        if self.available_bytes is not None:
+            text += f" of {self.available_bytes / (1 << 30):.1f} GiB available (MemAvailable)"
+        if self.shrunk:
+            text += (f"; {self.wanted_bytes // MIB} MiB per array would take more than half of it, so the arrays "
+                     f"are smaller than 4 x the last-level cache and the figure may be high")
+        return text
+
+
+def size_arrays(wanted: int, available: int | None, *, asked: bool = False) -> Sizing:
+    """Bytes per array: ``wanted``, shrunk so the three arrays fit in MAX_AVAILABLE_SHARE of
+    ``available`` (never below MIN_ARRAY_BYTES).  Refused (DeployError) when even that does not fit,
+    or when a size the user ``asked`` for does not."""
+    if available is None:
+        return Sizing(wanted, wanted, None)
+    room = int(available * MAX_AVAILABLE_SHARE) // 3
+    gib = available / (1 << 30)
+    if asked and wanted > room:
+        raise DeployError(f"--size-mib {wanted // MIB}: 3 arrays of {wanted // MIB} MiB need more than half of the "
+                          f"{gib:.1f} GiB available (MemAvailable); at most {room // MIB} MiB per array")
+    if room < MIN_ARRAY_BYTES:
+        raise DeployError(f"too little free memory to measure: {gib:.2f} GiB available (MemAvailable), and the "
+                          f"triad needs 3 x {MIN_ARRAY_BYTES // MIB} MiB in at most half of it")
+    return Sizing(min(wanted, room - room % MIB), wanted, available)
+
+
+def mem_available(meminfo: str = "/proc/meminfo") -> int | None:
+    """MemAvailable in bytes, None when the kernel does not say (before Linux 3.14) or it is unreadable."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 @dataclass(frozen=True)
@@ -35,7 +92,8 @@ class NodeRun:
 
 def plan_run(machine: Machine, node: int, *, threads: int | None = None,
              array_bytes: int | None = None, usable: set[int] | None = None) -> NodeRun:
-    """What to run for ``node``: its usable CPUs (first thread of each core), array size."""
+    """What to run for ``node``: its usable CPUs (first thread of each core), array size
+    (``array_bytes``, else :func:`default_array_bytes`)."""
     nodes = {n.id: n for n in machine.numa_nodes}
     if nodes and node not in nodes:
         raise DeployError(f"{machine.name} has no NUMA node {node} (nodes: {sorted(nodes)})")
@@ -49,11 +107,18 @@ def plan_run(machine: Machine, node: int, *, threads: int | None = None,
     if n_threads < 1:
         raise DeployError(f"threads: must be >= 1, got {threads}")
     if array_bytes is None:
-        llc = sum(c.size_bytes or 0 for c in machine.caches
-                  if c.level == max((x.level for x in machine.caches), default=0) and set(c.cpus) & in_node)
-        array_bytes = max(MIN_ARRAY_BYTES, 4 * llc)
+        array_bytes = default_array_bytes(machine, node)
     elements = max(n_threads, array_bytes // 8)
     return NodeRun(node, tuple(cpus), n_threads, elements, bind_memory=len(nodes) > 1)
+
+
+def default_array_bytes(machine: Machine, node: int) -> int:
+    """STREAM's rule: four times the last-level caches of the node, at least MIN_ARRAY_BYTES."""
+    nodes = {n.id: n for n in machine.numa_nodes}
+    in_node = set(nodes[node].cpus) if node in nodes else set(machine.cpu_ids())
+    llc = sum(c.size_bytes or 0 for c in machine.caches
+              if c.level == max((x.level for x in machine.caches), default=0) and set(c.cpus) & in_node)
+    return max(MIN_ARRAY_BYTES, 4 * llc)
 
 
 def measure_node(run: NodeRun, iterations: int = 10) -> dict[str, Any]:

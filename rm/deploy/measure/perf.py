@@ -18,6 +18,8 @@ import platform
 import struct
 from dataclasses import dataclass
 
+from cod.protocol.errors import CodError
+
 PERF_TYPE_HARDWARE = 0
 PERF_TYPE_SOFTWARE = 1
 PERF_COUNT_HW_CPU_CYCLES = 0
@@ -64,8 +66,8 @@ assert ctypes.sizeof(PerfEventAttr) == 112
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-class PerfError(OSError):
-    pass
+class PerfError(CodError, OSError):
+    """perf_event_open(2) or reading a counter failed; ``errno`` says why, as for any OSError."""
 
 
 def perf_event_open(type_: int, config: int, tid: int, *, exclude_kernel: bool = True) -> int:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 from ..graph import parse_graph
 from ..plan import comm_key
 from . import perf
-from .procfs import ProfileError, ThreadSample, detect_source, sample_process, start_time
+from .threads import ProfileError, ThreadSample, detect_source, sample_process, start_time
 
 # A thread runnable but not running for more than this share of the window was starved.
 # (Threads woken together, as periodic operators are, queue for a few percent of it.)

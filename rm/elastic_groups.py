@@ -5,7 +5,7 @@ A group (a cgroup, or pids and their future children) is registered with
 ``register_unmanaged`` (``cod elastic``) and stays until its processes are
 gone or ``deregister_unmanaged`` removes it; its connection may close.
 
-* **In the allocation.**  Each group is a `service.Demand`: the allocator sees
+* **In the allocation.**  Each group is a `demands.Demand`: the allocator sees
   it as an exclusive task asking for at most the CPUs it holds (its current
   count is its demand) and at least its floor (`cod.rm.elastic.demand`), placed
   where it is.  It is admitted like a task (refused when its floor does not
@@ -35,7 +35,6 @@ from typing import Any
 
 from cod.protocol import jsonrpc as rpc
 from cod.protocol.jsonrpc import RpcError
-from cod.protocol.names import name_problem
 from cod.rm.elastic import controller
 from cod.rm.elastic.demand import group_spec, limits_for
 from cod.rm.elastic.errors import ElasticError
@@ -44,13 +43,13 @@ from cod.rm.elastic.runner import ElasticRunner, open_group
 from cod.rm.elastic.settings import ElasticSettings
 from cod.rm.elastic.taskstats import TaskstatsReader, open_reader
 
-from . import quotas
 from .enforce import procfs
 from .enforce.backend import Enforcer
 from .enforce.procevents import ProcEvent
 from .registry import Connection
-from .reservations import printable
-from .service import ResourceManager, skb_call
+from .busy import printable
+from .names import name_problem
+from .service import ResourceManager
 
 log = logging.getLogger("cod.rm")
 
@@ -83,7 +82,7 @@ def default_name(group: CgroupGroup | PidTreeGroup) -> str:
 
 
 class ManagedGroup:
-    """One elastic group: the runner's pieces, plus what the RM asks of a `service.Demand`."""
+    """One elastic group: the runner's pieces, plus what the RM asks of a `demands.Demand`."""
 
     def __init__(self, name: str, owner_uid: int, runner: ElasticRunner, settings: ElasticSettings) -> None:
         self.name = name
@@ -103,7 +102,7 @@ class ManagedGroup:
         self.problem: str | None = None  # why the last period could not run (logged once)
         self.released = False
 
-    # ---- service.Demand ----------------------------------------------------------------------
+    # ---- demands.Demand ----------------------------------------------------------------------
     @property
     def spec(self):  # the allocator's TaskSpec
         return group_spec(self.name, self.settings, self.held())
@@ -171,7 +170,7 @@ class ManagedGroup:
         return out
 
 
-class UnmanagedGroups:
+class ElasticGroups:
     """Every elastic group of the daemon: registration, the per-period timers, removal."""
 
     def __init__(self, rm: ResourceManager, enforcer: Enforcer) -> None:
@@ -218,15 +217,14 @@ class UnmanagedGroups:
         problem = name_problem(name)
         if problem is not None:
             raise RpcError(rpc.INVALID_PARAMS, f"register_unmanaged: group name {name!r} {problem}")
-        if name in self.groups or name in self.rm.registry.tasks:
+        if name in self.groups or self.rm.find_task(name) is not None:
             raise RpcError(rpc.ALREADY_EXISTS, f"a task or elastic group named {name!r} is already registered")
         clash = self._clash(group)
         if clash is not None:
             raise RpcError(rpc.ALREADY_EXISTS, f"register_unmanaged: {clash}")
         uid = conn.peer.uid
-        why = quotas.group_refusal(self.rm.cfg, self.rm.registry, uid, conn.privileged,
-                                   [g.settings.min_cores for g in self.groups.values() if g.owner_uid == uid],
-                                   settings.min_cores, self.rm.n_cpus)
+        why = self.rm.admission.group_refusal(conn, [g.settings.min_cores for g in self.groups.values()
+                                                     if g.owner_uid == uid], settings.min_cores)
         if why is not None:
             raise RpcError(rpc.PERMISSION_DENIED, f"elastic group {name!r}: {why}")
         may_pin = None if conn.privileged else (lambda pid: _uid_of(pid) == uid)
@@ -250,7 +248,7 @@ class UnmanagedGroups:
             g.release()
             raise RpcError(rpc.NOT_FOUND, f"register_unmanaged: {err}") from None
         try:
-            grant = await self.rm.admit_demand(g, lambda cpus: self._facts(g, cpus))
+            grant = await self.rm.admission.admit_group(g, lambda cpus: self._facts(g, cpus))
         except BaseException:
             g.release()
             raise
@@ -262,7 +260,7 @@ class UnmanagedGroups:
         log.info("elastic group %s (%s) registered by uid %d: mode %s, metric %s, CPUs %s%s", name,
                  group.describe(), uid, runner.mode, settings.metric, ",".join(map(str, grant)) or "none yet",
                  f"; {runner.notes[0]}" if runner.notes else "")
-        self.rm.emit("facts_changed", {"scope": "system", "app": None, "op": "add", "predicates": ["elastic_group"]})
+        self.rm.events.emit("facts_changed", {"scope": "system", "app": None, "op": "add", "predicates": ["elastic_group"]})
         return g.describe()
 
     def _clash(self, group: CgroupGroup | PidTreeGroup) -> str | None:
@@ -279,7 +277,7 @@ class UnmanagedGroups:
         return self.task_clash(mine)
 
     def task_clash(self, pids: set[int]) -> str | None:
-        for task in self.rm.registry.tasks.values():
+        for task in self.rm.tasks():
             both = pids & set(task.pids())
             if both:
                 return f"process {min(both)} is registered as task {task.name!r}"
@@ -293,9 +291,9 @@ class UnmanagedGroups:
         return None
 
     def _limits(self, name: str) -> controller.Limits:
-        plan = self.rm.last_plan
-        return limits_for(name, self.usable, self.rm.epochs.holdings(), self.rm.epochs.plan,
-                          plan.unavailable if plan is not None else ())
+        pub = self.rm.publisher
+        return limits_for(name, self.usable, pub.holdings(), pub.plan(),
+                          pub.last_plan.unavailable if pub.last_plan is not None else ())
 
     def _facts(self, g: ManagedGroup, cpus: tuple[int, ...]) -> dict[str, list[str]]:
         """The group's facts as they will be with ``cpus``."""
@@ -339,8 +337,8 @@ class UnmanagedGroups:
             g.timer.cancel()
             g.timer = None
         summary = {**g.describe(), "reason": reason, "periods": g.periods()}
-        await self.rm.forget_demand(g.name, reason, patterns=g.runner.facts())
-        self.rm.emit("facts_changed", {"scope": "system", "app": None, "op": "remove", "predicates": ["elastic_group"]})
+        await self.rm.admission.forget_group(g.name, reason, patterns=g.runner.facts())
+        self.rm.events.emit("facts_changed", {"scope": "system", "app": None, "op": "remove", "predicates": ["elastic_group"]})
         return summary
 
     # ---- each period --------------------------------------------------------------------------
@@ -369,7 +367,7 @@ class UnmanagedGroups:
             return
         if decision.changed:
             fired = " ".join(decision.evaluation.fired) if decision.evaluation else decision.action
-            self.rm.schedule(f"elastic group {g.name}: {fired} at {g.runner.last_load or 0:.0f} %")
+            self.rm.admission.schedule(f"elastic group {g.name}: {fired} at {g.runner.last_load or 0:.0f} %")
         self._write_facts(g, loop.time())
 
     async def _gone(self, g: ManagedGroup, why: str) -> None:
@@ -396,13 +394,12 @@ class UnmanagedGroups:
         g.writing = True
 
         async def write() -> None:
+            # Through the publisher: the group's cores in these facts are ordered with allocated/2.
             try:
-                await skb_call(self.rm.skb.replace_many(changed))
-                g.writes += 1
-                if self.groups.get(g.name) is g:
-                    g.facts_written.update(changed)
-            except RpcError as err:
-                log.warning("writing the facts of elastic group %s: %s", g.name, err.message)
+                if await self.rm.publisher.write(changed, f"writing the facts of elastic group {g.name}"):
+                    g.writes += 1
+                    if self.groups.get(g.name) is g:
+                        g.facts_written.update(changed)
             finally:
                 g.writing = False
 

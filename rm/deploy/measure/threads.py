@@ -1,4 +1,4 @@
-"""Per-thread CPU time of a process, read from /proc (or a copy of it, for tests).
+"""Per-thread CPU time of a process, for ``cod profile`` (read through :mod:`cod.rm.enforce.procfs`).
 
 Sources, best first:
 
@@ -12,7 +12,8 @@ Sources, best first:
 * ``stat``: utime + stime of /proc/PID/task/TID/stat, in clock ticks (10 ms
   at USER_HZ = 100): coarse, but always there.
 
-Thread names are /proc/PID/task/TID/comm (15 bytes at most).
+Thread names are /proc/PID/task/TID/comm (15 bytes at most).  Every file is
+read by the one /proc reader; ``proc_root`` is its root.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from cod.rm.enforce import procfs
 
 from ..errors import DeployError
 
@@ -38,35 +41,29 @@ class ThreadSample:
     wait_ns: int | None  # time runnable but waiting for a CPU (None: the source does not say)
 
 
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None  # the thread exited between listing and reading
-
-
-def start_time(pid: int, proc_root: str | Path = "/proc") -> int:
+def start_time(pid: int, proc_root: str | Path = procfs.PROC) -> int:
     """The process's start time (clock ticks after boot): with the pid, it names the process."""
-    text = _read(Path(proc_root) / str(pid) / "stat")
-    if text is None:
+    born = procfs.start_time(pid, str(proc_root))
+    if born is None:
         raise ProfileError(f"process {pid}: no such process")
-    return int(text[text.rindex(")") + 2:].split()[19])
+    return born
 
 
-def thread_ids(pid: int, proc_root: str | Path = "/proc") -> list[int]:
+def thread_ids(pid: int, proc_root: str | Path = procfs.PROC) -> list[int]:
     try:
-        return sorted(int(t) for t in os.listdir(Path(proc_root) / str(pid) / "task"))
-    except FileNotFoundError:
-        raise ProfileError(f"process {pid}: no such process") from None
+        tids = procfs.thread_ids(pid, str(proc_root))
     except PermissionError as err:
         raise ProfileError(f"process {pid}: {err.strerror}") from None
+    if not tids:  # a live process has a thread
+        raise ProfileError(f"process {pid}: no such process")
+    return tids
 
 
-def detect_source(pid: int, proc_root: str | Path = "/proc") -> str:
+def detect_source(pid: int, proc_root: str | Path = procfs.PROC) -> str:
     tids = thread_ids(pid, proc_root)
-    if tids and (Path(proc_root) / str(pid) / "task" / str(tids[0]) / "schedstat").exists():
+    if procfs.thread_schedstat(pid, tids[0], str(proc_root)) is not None:
         return "schedstat"
-    if Path(proc_root) == Path("/proc") and _taskstats() is not None:
+    if Path(proc_root) == Path(procfs.PROC) and _taskstats() is not None:
         return "taskstats"
     return "stat"
 
@@ -93,19 +90,15 @@ def _clock_ticks() -> int:
     return os.sysconf("SC_CLK_TCK")
 
 
-def sample_thread(pid: int, tid: int, source: str, proc_root: str | Path = "/proc") -> ThreadSample | None:
+def sample_thread(pid: int, tid: int, source: str, proc_root: str | Path = procfs.PROC) -> ThreadSample | None:
     """One thread's name and CPU time now; None if it has exited."""
-    task = Path(proc_root) / str(pid) / "task" / str(tid)
-    comm = _read(task / "comm")
+    proc = str(proc_root)
+    comm = procfs.thread_comm(pid, tid, proc)
     if comm is None:
         return None
-    comm = comm.rstrip("\n")
     if source == "schedstat":
-        text = _read(task / "schedstat")
-        if text is None:
-            return None
-        run, wait, *_ = (int(x) for x in text.split())
-        return ThreadSample(tid, comm, run, wait)
+        times = procfs.thread_schedstat(pid, tid, proc)
+        return None if times is None else ThreadSample(tid, comm, times[0], times[1])
     if source == "taskstats":  # pragma: no cover - see _taskstats
         ts = _taskstats()
         try:
@@ -114,15 +107,11 @@ def sample_thread(pid: int, tid: int, source: str, proc_root: str | Path = "/pro
             return None
         stats = msg.get_attr("TASKSTATS_TYPE_AGGR_PID").get_attr("TASKSTATS_TYPE_STATS")
         return ThreadSample(tid, comm, int(stats["cpu_run_real_total"]), int(stats["cpu_delay_total"]))
-    text = _read(task / "stat")
-    if text is None:
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-    return ThreadSample(tid, comm, ticks * 1_000_000_000 // _clock_ticks(), None)
+    ticks = procfs.thread_cpu_ticks(pid, tid, proc)
+    return None if ticks is None else ThreadSample(tid, comm, ticks * 1_000_000_000 // _clock_ticks(), None)
 
 
-def sample_process(pid: int, source: str, proc_root: str | Path = "/proc") -> dict[int, ThreadSample]:
+def sample_process(pid: int, source: str, proc_root: str | Path = procfs.PROC) -> dict[int, ThreadSample]:
     """Every live thread of ``pid`` by TID."""
     if source not in SOURCES:
         raise ProfileError(f"source: must be one of {', '.join(SOURCES)}, got {source!r}")

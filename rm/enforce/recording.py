@@ -1,0 +1,288 @@
+"""`RecordingEnforcer`: what every real backend shares, the record of original affinity.
+
+The state file holds each process's original affinity (and cgroup), recorded
+the first time COD touches it, so it is restored on release, on close and
+after a crash (``cleanup_stale``).  A backend adds how it confines
+(``_enforce``): `cod.rm.enforce.affinity.AffinityEnforcer` pins threads,
+`cod.rm.enforce.cpuset` moves processes into a cgroup per task.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+
+from cod.protocol.names import name_problem
+
+from . import cgroupfs, procfs
+from .errors import EnforceError
+from .pinning import set_thread_affinity, thread_placements
+from .state import ProcRecord, StateStore, TaskRecord
+
+log = logging.getLogger("cod.rm.enforce")
+
+
+def check_task_name(task: str) -> str:
+    """A task name the enforcer can record: any name cod.protocol.names accepts."""
+    problem = name_problem(task)
+    if problem is not None:
+        raise EnforceError(f"task name {task!r} {problem}")
+    return task
+
+
+class RecordingEnforcer:
+    """Shared part of the real backends: the record of original affinity."""
+
+    name = "abstract"
+
+    def __init__(self, state_dir: str, proc: str = procfs.PROC) -> None:
+        self.proc = proc
+        self.state = StateStore(state_dir)
+        self.cpus: dict[str, tuple[int, ...]] = {}
+        self.mems: dict[str, tuple[int, ...]] = {}
+
+    # ---- recording -------------------------------------------------------
+    def _record(self, task: str, pid: int) -> ProcRecord | None:
+        """Record ``pid``'s original state once; None when it does not exist."""
+        rec = self.state.tasks.setdefault(task, TaskRecord())
+        old = rec.procs.get(pid)
+        if old is not None and procfs.same_process(pid, old.start, self.proc):
+            return old
+        try:
+            st = procfs.read_stat(pid, proc=self.proc)
+            affinity = tuple(sorted(os.sched_getaffinity(pid)))
+            threads: dict[int, tuple[int, ...]] = {}
+            for tid in procfs.thread_ids(pid, self.proc):
+                try:
+                    mask = tuple(sorted(os.sched_getaffinity(tid)))
+                except ProcessLookupError:
+                    continue
+                if mask != affinity:
+                    threads[tid] = mask
+        except (FileNotFoundError, ProcessLookupError):
+            rec.procs.pop(pid, None)
+            return None
+        new = ProcRecord(start=st.start_time, affinity=affinity, threads=threads,
+                         cpuset=self._original_cgroup(pid))
+        rec.procs[pid] = new
+        return new
+
+    def _original_cgroup(self, pid: int) -> str | None:
+        return None  # cpuset backends say where the process was
+
+    def _restore_affinity(self, pid: int, rec: ProcRecord) -> bool:
+        """Give ``pid``'s threads back their recorded masks; False if it is gone."""
+        if not procfs.same_process(pid, rec.start, self.proc):
+            return False
+        for tid in procfs.thread_ids(pid, self.proc):
+            mask = rec.threads.get(tid, rec.affinity)
+            try:
+                set_thread_affinity(tid, mask, self.proc)
+            except EnforceError as err:
+                # The original mask may no longer be possible (CPU offlined): say so, go on.
+                log.warning("could not restore affinity of thread %d of pid %d: %s", tid, pid, err)
+        return True
+
+    def _restore_proc(self, pid: int, rec: ProcRecord) -> bool:
+        """Back to the recorded cgroup (if a cpuset run moved it) and affinity."""
+        if not procfs.same_process(pid, rec.start, self.proc):
+            return False
+        if rec.cpuset and os.path.isdir(rec.cpuset):
+            for ident in procfs.thread_ids(pid, self.proc):
+                try:
+                    cgroupfs.move_into(rec.cpuset, ident)
+                except OSError as err:
+                    log.warning("could not move %d back to %s: %s", ident, rec.cpuset, err.strerror)
+        return self._restore_affinity(pid, rec)
+
+    def _remove_task_cgroup(self, task: str, rec: TaskRecord) -> list[str]:
+        """Remove the task's cgroup (``MOUNT/PARENT/TASK``), evicting leftovers to MOUNT."""
+        if not rec.cgroup:
+            return []
+        done = [f"removed cgroup {rec.cgroup}"] if self._remove_cgroup(rec.cgroup) else []
+        self._remove_parent_if_unused(os.path.dirname(rec.cgroup))
+        return done
+
+    def _remove_parent_if_unused(self, parent: str) -> None:
+        # A crashed cpuset run's parent, cleaned by a run that uses no cgroups.
+        try:
+            if not any(os.path.isdir(os.path.join(parent, n)) for n in os.listdir(parent)):
+                os.rmdir(parent)
+        except OSError:
+            pass
+
+    def _remove_cgroup(self, path: str) -> bool:
+        mount = os.path.dirname(os.path.dirname(path))
+        try:
+            return cgroupfs.remove_cgroup(path, evict_to=mount)
+        except OSError as err:
+            raise EnforceError(f"cannot remove cgroup {path}: {err.strerror}") from err
+
+    # ---- Enforcer interface ------------------------------------------------
+    def apply(self, task: str, pids: Sequence[int], cpus: Sequence[int], mems: Sequence[int]) -> list[int]:
+        """Confine ``task`` (exactly these pids) to ``cpus``/``mems``; returns the live pids.
+
+        Pids the task held before but not now get their original affinity back.
+        Pids that exited are skipped (and forgotten)."""
+        check_task_name(task)
+        try:
+            cpus = procfs.check_ids("cpus", cpus)
+            mems = procfs.check_ids("mems", mems)
+        except ValueError as err:
+            raise EnforceError(f"task {task}: {err}") from err
+        rec = self.state.tasks.setdefault(task, TaskRecord())
+        before = {p: r.start for p, r in rec.procs.items()}
+        for old_pid in [p for p in rec.procs if p not in set(pids)]:
+            self._restore_proc(old_pid, rec.procs.pop(old_pid))
+        live = [p for p in pids if self._record(task, p) is not None]
+        if {p: r.start for p, r in rec.procs.items()} != before or task not in self.cpus:
+            self.state.save()  # before touching anything: a crash from here on is undoable
+        # Threads' own placements are read before anything changes (a v1 cpuset's new CPUs
+        # may reset the masks of the threads in it); decision 14 of docs/design-enforce.md.
+        # The first pin gives every thread the task's CPUs.
+        given_before = self.cpus.get(task)
+        placements = {p: thread_placements(p, given_before, cpus, self.proc) for p in live}
+        self.cpus[task], self.mems[task] = cpus, mems
+        applied = self._enforce(task, live, cpus, mems, placements)
+        gone = [p for p in live if p not in applied]
+        for p in gone:
+            rec.procs.pop(p, None)
+        if gone:
+            self.state.save()
+        return applied
+
+    def _enforce(self, task: str, pids: list[int], cpus: tuple[int, ...], mems: tuple[int, ...],
+                 placements: Mapping[int, Mapping[int, tuple[int, ...]]]) -> list[int]:
+        """Confine ``pids`` to ``cpus``/``mems``; ``placements[pid][tid]``: a thread's own placement."""
+        raise NotImplementedError
+
+    def add_thread(self, task: str, tid: int) -> bool:
+        """Pin a thread (or child) that appeared in ``task`` after apply(); False if gone."""
+        if task not in self.cpus:
+            raise EnforceError(f"task {task!r} has not been applied")
+        pinned = self._add_thread(task, tid)
+        if pinned:
+            self._record_child(task, tid)
+        return pinned
+
+    def follow_thread(self, task: str, tid: int) -> bool:
+        """Give a thread born inside ``task`` the task's CPUs, unrecorded; False if gone."""
+        cpus = self.cpus.get(task)
+        if cpus is None:
+            raise EnforceError(f"task {task!r} has not been applied")
+        return set_thread_affinity(tid, cpus, self.proc)
+
+    def _record_child(self, task: str, pid: int) -> None:
+        """A new process (not a thread) of ``task``: remember what to give it back.
+
+        It was forked with the task's CPUs; its original is that of the task's
+        process, so that releasing the task frees its children too."""
+        rec = self.state.tasks.get(task)
+        if rec is None or not rec.procs or pid in rec.procs or pid in rec.children:
+            return
+        try:
+            if int(procfs.status_field(pid, "Tgid", proc=self.proc)) != pid:
+                return  # a thread: restored with its process
+            start = procfs.read_stat(pid, proc=self.proc).start_time
+        except (OSError, KeyError, ValueError):
+            return  # already gone
+        parent = next(iter(rec.procs.values()))
+        rec.children[pid] = ProcRecord(start=start, affinity=parent.affinity, cpuset=parent.cpuset)
+        self.state.save()
+
+    def _add_thread(self, task: str, tid: int) -> bool:
+        return self._place_new_thread(task, tid)
+
+    def _place_new_thread(self, task: str, tid: int) -> bool:
+        """Give a new thread the task's CPUs, unless its mask already lies inside them (decision
+        14): then it is left alone, with no write at all, because the program may be pinning it
+        at this very moment (CSCS pins each scan thread as it starts; a write of the whole task
+        mask after reading the inherited one undid that pin).  False when the thread is gone."""
+        cpus = self.cpus[task]
+        try:
+            if set(os.sched_getaffinity(tid)) <= set(cpus):
+                return True
+        except ProcessLookupError:
+            return False
+        except OSError:
+            pass  # not readable: set it
+        return set_thread_affinity(tid, cpus, self.proc)
+
+    def pin_threads(self, task: str, targets: Mapping[int, Sequence[int]]) -> list[int]:
+        """Narrow threads of ``task`` to subsets of its CPUs; the tids pinned (gone ones are skipped).
+
+        Inside a cpuset the kernel accepts any subset; release() and the next
+        apply() give every thread the recorded or the whole mask back."""
+        held = self.cpus.get(task)
+        if held is None:
+            raise EnforceError(f"task {task!r} has not been applied")
+        pinned = []
+        for tid, cpus in targets.items():
+            outside = sorted(set(cpus) - set(held))
+            if not cpus or outside:
+                raise EnforceError(f"task {task}: thread {tid} may only be narrowed to its CPUs "
+                                   f"{procfs.format_cpu_list(held)}, not {procfs.format_cpu_list(sorted(cpus))}")
+            if set_thread_affinity(tid, tuple(sorted(cpus)), self.proc):
+                pinned.append(tid)
+        return pinned
+
+    def forget_pid(self, task: str, pid: int) -> None:
+        """An exit event: drop ``pid``'s record without touching anything."""
+        rec = self.state.tasks.get(task)
+        if rec is not None and (rec.procs.pop(pid, None) or rec.children.pop(pid, None)) is not None:
+            self.state.save()
+
+    def release(self, task: str) -> None:
+        """Undo everything done to ``task``; unknown tasks are ignored (idempotent)."""
+        rec = self.state.tasks.pop(task, None)
+        self.cpus.pop(task, None)
+        self.mems.pop(task, None)
+        if rec is None:
+            return
+        for pid, prec in [*rec.procs.items(), *rec.children.items()]:
+            self._restore_proc(pid, prec)
+        self._remove_task_cgroup(task, rec)
+        self.state.save()
+
+    def tasks(self) -> dict[str, list[int]]:
+        return {t: sorted(r.procs) for t, r in self.state.tasks.items()}
+
+    def cleanup_stale(self) -> list[str]:
+        """Undo what a previous (crashed) owner of the state directory left; says what it did."""
+        done: list[str] = []
+        for task, rec in sorted(self.state.stale.items()):
+            for pid, prec in sorted([*rec.procs.items(), *rec.children.items()]):
+                if self._restore_proc(pid, prec):
+                    done.append(f"restored pid {pid} of task {task} to CPUs {procfs.format_cpu_list(prec.affinity)}")
+            done.extend(self._remove_task_cgroup(task, rec))
+        self.state.stale.clear()
+        done.extend(self._cleanup_extra())
+        self.state.save()
+        for line in done:
+            log.info("cleanup after previous run: %s", line)
+        return done
+
+    def _cleanup_extra(self) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        """Clean exit: release every task, then drop the state file and the lock."""
+        for task in list(self.state.tasks):
+            self.release(task)
+        self._close_backend()
+        if not self.state.stale:
+            try:
+                os.unlink(self.state.path)
+            except FileNotFoundError:
+                pass
+        self.state.close()
+
+    def _close_backend(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

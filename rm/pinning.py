@@ -1,0 +1,118 @@
+"""Carrying out CPU sets on processes: the one place the service side calls the enforcement backend.
+
+Which CPUs a task gets is decided elsewhere (the allocator, the epochs); this
+module confines its processes there (:class:`cod.rm.enforce.Enforcer`), gives
+them back their affinity, and turns an enforcement failure into a log line (for
+a task already admitted) or a refusal (for a newcomer, whose registration then
+changes nothing).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from typing import Iterable, Protocol
+
+from cod.facts.model import Machine
+from cod.protocol import jsonrpc as rpc
+from cod.protocol.jsonrpc import RpcError
+
+from .enforce.backend import Enforcer
+from .registry import Task
+
+log = logging.getLogger("cod.rm")
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class Pinnable(Protocol):
+    """What an elastic group offers to be pinned (cod.rm.demands.Demand)."""
+
+    name: str
+
+    def pin(self, cpus: tuple[int, ...]) -> None: ...
+    def release(self) -> None: ...
+
+
+class Pinning:
+    def __init__(self, machine: Machine, enforcer: Enforcer, state_dir: str | None = None) -> None:
+        self.enforcer = enforcer
+        self.state_dir = state_dir
+        self.node_of = {pu.id: pu.numa_node for pu in machine.pus}
+        self.closed = False  # after close() nothing is pinned any more
+
+    def mems(self, cpus: Iterable[int]) -> tuple[int, ...]:
+        return tuple(sorted({n for c in cpus if (n := self.node_of.get(c)) is not None}))
+
+    def pin(self, task: Task, cpus: tuple[int, ...]) -> bool:
+        """Confine an admitted task to ``cpus`` (a failure is logged); True when it was pinned."""
+        if self.closed:
+            return False
+        if not cpus:
+            log.debug("task %s holds no CPU yet; not pinning it", task.name)
+            return False
+        try:
+            live = self.enforcer.apply(task.name, task.pids(), cpus, self.mems(cpus))
+            task.children.intersection_update(live)
+        except Exception as err:
+            log.warning("enforcing the allocation of %s (pid %d) failed: %s", task.name, task.pid, err)
+            return False
+        return True
+
+    def pin_or_refuse(self, task: Task, cpus: tuple[int, ...]) -> None:
+        """Confine a newcomer, or refuse it (and undo what was done) with an RpcError saying why."""
+        if not cpus:
+            return  # its cores are still being given back by others: it is pinned when it gets them
+        try:
+            self.enforcer.apply(task.name, task.pids(), cpus, self.mems(cpus))
+        except Exception as err:
+            self.release(task)
+            raise self.refusal(task, err) from None
+
+    def refusal(self, task: Task, err: Exception) -> RpcError:
+        full = _os_error(err)
+        if full is not None and full.errno in FULL:
+            where = self.state_dir or getattr(getattr(self.enforcer, "state", None), "dir", None) or "?"
+            return RpcError(rpc.ADMISSION_REFUSED,
+                            f"cannot pin task {task.name!r}: the daemon's state directory {where} is full "
+                            f"({full.strerror}); nothing was changed. Free space there and register again",
+                            {"state_dir": where, "errno": full.errno})
+        return RpcError(rpc.INTERNAL_ERROR if not isinstance(err, OSError) else rpc.PERMISSION_DENIED,
+                        f"cannot pin task {task.name!r} (pid {task.pid}): {err}")
+
+    def release(self, task: Task) -> None:
+        try:
+            self.enforcer.release(task.name)
+        except Exception as err:
+            log.warning("releasing %s (pid %d) failed: %s", task.name, task.pid, err)
+
+    def pin_group(self, group: Pinnable, cpus: tuple[int, ...]) -> None:
+        if self.closed:
+            return
+        try:
+            group.pin(cpus)
+        except Exception as err:
+            log.warning("enforcing the allocation of elastic group %s failed: %s", group.name, err)
+
+    def release_group(self, group: Pinnable) -> None:
+        try:
+            group.release()
+        except Exception as err:
+            log.warning("releasing elastic group %s failed: %s", group.name, err)
+
+    def pin_threads(self, name: str, targets: dict[int, tuple[int, ...]]) -> None:
+        try:
+            self.enforcer.pin_threads(name, targets)
+        except Exception as err:
+            log.warning("pinning the operator threads of %s: %s", name, err)
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """The OSError behind ``err`` (itself, or its cause or context), if any."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError):
+            return err
+        err = err.__cause__ or err.__context__
+        seen += 1
+    return None

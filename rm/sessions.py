@@ -1,0 +1,111 @@
+"""Connections and the application names they use: who may connect, ``hello``, and what a
+connection leaves behind when it goes.
+
+Whose a name is (:class:`~.registry.Registry`'s ownership rules) and what a
+uid may hold (:mod:`.quotas`) are decided elsewhere; this module applies them
+when a connection arrives, says hello and leaves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from typing import Any, Awaitable, Callable
+
+from cod.protocol import jsonrpc as rpc
+from cod.protocol.jsonrpc import RpcError
+from cod.skb import SKBError
+
+from . import quotas
+from .config import RMConfig
+from .knowledge import Knowledge, skb_quietly
+from .registry import Connection, Peer, Registry, Task, Usage, default_app_name
+
+log = logging.getLogger("cod.rm")
+
+
+class Sessions:
+    def __init__(self, cfg: RMConfig, skb: Any, registry: Registry, knowledge: Knowledge,
+                 direct_socket: str | None) -> None:
+        self.cfg = cfg
+        self.skb = skb
+        self.registry = registry
+        self.knowledge = knowledge
+        self.direct_socket = direct_socket
+        self.daemon_uid = os.geteuid()
+        self.closing = False
+        self.forget_task: Callable[[Task, str], Awaitable[None]] | None = None  # cod.rm.admission
+        self.schedule: Callable[[str], int] = lambda reason: 0
+
+    def privileged_uid(self, uid: int) -> bool:
+        return uid in (0, self.daemon_uid)
+
+    def new_connection(self, peer: Peer) -> Connection:
+        return self.registry.add_connection(peer, self.privileged_uid(peer.uid))
+
+    def connection_refusal(self, peer: Peer, open_connections: int) -> str | None:
+        """Why a new connection from ``peer`` is refused (None: accepted)."""
+        if self.privileged_uid(peer.uid):
+            return None if open_connections < self.cfg.max_connections else "too many connections"
+        if open_connections >= self.cfg.max_connections - self.cfg.reserved_privileged_connections:
+            return "too many connections (the rest are reserved for root)"
+        if self.registry.uid_connections(peer.uid) >= self.cfg.max_connections_per_uid:
+            return f"uid {peer.uid} already has {self.cfg.max_connections_per_uid} connections (max_connections_per_uid)"
+        return None
+
+    def name_refusal(self, conn: Connection, app: str) -> str | None:
+        """Why ``conn`` may not use (or read) application ``app`` (None: it may)."""
+        return self.registry.name_refusal(conn.peer.uid, app, conn.privileged)
+
+    async def hello(self, conn: Connection, app: str | None) -> dict[str, Any]:
+        if app is None:
+            app = conn.app or default_app_name(conn.peer.uid, conn.peer.pid)
+        refusal = self.name_refusal(conn, app)
+        if refusal is not None:
+            raise RpcError(rpc.PERMISSION_DENIED, refusal)
+        if conn.app is not None and conn.app != app:
+            raise RpcError(rpc.INVALID_PARAMS, f"hello: this connection already uses application {conn.app!r}")
+        too_many = quotas.app_name_refusal(self.cfg, self.registry, conn.peer.uid, conn.privileged, app)
+        if too_many is not None:
+            raise RpcError(rpc.QUOTA_EXCEEDED, f"hello: {too_many}")
+        self.registry.claim_app(conn, app)
+        conn.hello = True
+        direct = None
+        if self.direct_socket is not None:
+            if conn.token is None:
+                conn.token = secrets.token_hex(16)
+                try:
+                    await self.skb.grant(conn.token, app)
+                except SKBError as err:
+                    log.warning("no direct channel for connection %d: %s", conn.id, err)
+                    conn.token = None
+            if conn.token is not None:
+                direct = {"socket": self.direct_socket, "token": conn.token, "protocol": rpc.PROTOCOL_VERSION}
+        return {"app": app, "skb": direct}
+
+    async def connection_lost(self, conn: Connection) -> None:
+        gone, _ = self.registry.remove_connection(conn.id)
+        self.knowledge.forget_connection(conn.id)
+        if self.closing:  # close() has released every task and the SKB goes away next
+            return
+        if conn.token is not None:
+            await skb_quietly(self.skb.revoke(conn.token), f"revoking the capability of connection {conn.id}")
+        for task in gone:
+            if self.forget_task is not None:
+                await self.forget_task(task, "client disconnected")
+        app = conn.app
+        if app is not None:
+            await self._leave_app(app, conn.id)
+        if gone:
+            self.schedule(f"task {gone[0].name} left" if len(gone) == 1 else f"{len(gone)} tasks left")
+
+    async def _leave_app(self, app: str, conn_id: int) -> None:
+        reply = await skb_quietly(self.skb.drop_owner(app, conn_id), f"dropping the facts of connection {conn_id}")
+        if reply is not None:
+            self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
+        if not self.registry.app_connections(app):
+            reply = await skb_quietly(self.skb.release_app(app), f"releasing application {app}")
+            if reply is not None:
+                self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
+            self.registry.release_name(app)
