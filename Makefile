@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 # (a BuildBackendWarning of ten lines): true of any editable install, and nothing to act on here.
 EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: setup deps demo test bench clean cclient skb-user
+.PHONY: setup deps demo test bench clean cclient skb-user nri-test
 
 # The SKB engine's seccomp filter against execve (skb/native/cod_noexec.c, preloaded by skb/lockdown.py).
 NOEXEC_SO := skb/native/cod_noexec.so
@@ -68,9 +68,15 @@ demo: setup
 	$(VPY) clients/python/examples/demo.py
 	$(VPY) clients/cscs/demo.py
 
-test: setup cclient
+test: setup cclient nri-test
 	$(MAKE) -C clients/cscs check
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
+
+# The NRI plugin (clients/nri, docs/kubernetes.md): go vet and its tests against a real `cod rm`.
+# Go 1.24+ is needed (containerd/nri); an older Go fetches the right toolchain itself (GOTOOLCHAIN=auto).
+nri-test: setup
+	@command -v go >/dev/null || $(MAKE) -s deps APT_PACKAGES=golang-go
+	cd clients/nri && go vet ./... && COD_BIN=$(CURDIR)/$(VENV)/bin/cod go test -count=1 ./...
 
 # libcod, its test programs and the Listing 1 example (tests/test_cclient.py runs them).
 cclient:

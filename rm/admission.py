@@ -110,7 +110,7 @@ class Admission:
     # ---- a task arrives --------------------------------------------------------------------------
     async def register(self, conn: Connection, name: str, pid: int, plain: dict[str, Any],
                        derived: dict[str, Derived], facts: list[str], procedures: list[str],
-                       persistent: bool) -> Task:
+                       persistent: bool, enforced_by: str = "daemon") -> Task:
         """Admit a task with its application's facts and procedures, all or nothing."""
         app = app_of(conn)
         async with self.knowledge.uid_lock(conn.peer.uid):
@@ -129,7 +129,7 @@ class Admission:
             self.task_refusal(conn, name, spec.to_dict())
             task = Task(name=name, pid=pid, app=app, conn_id=conn.id, owner_uid=conn.peer.uid, spec=spec,
                         properties={**plain, **{k: d.to_dict() for k, d in derived.items()}},
-                        derived=dict(derived), derived_values=values)
+                        derived=dict(derived), derived_values=values, enforced_by=enforced_by)
             writes.append(codec.add_system_facts(task_facts(task)))
             async with self.lock:
                 await self._admit(conn, task, writes)

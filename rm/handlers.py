@@ -209,28 +209,45 @@ async def get_topology(rm: ResourceManager, conn: Connection, p: Params) -> Any:
 # ---- tasks ------------------------------------------------------------------------------------
 async def register_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     name = _name("register_task", "task name", p.str("name"))
-    pid = p.int("pid", conn.peer.pid)
+    given_pid = p.int("pid", None)
     props = p.dict("properties", {})
     facts = p.str_list("facts", [])
     procedures = p.str_list("procedures", [])
     persistent = p.bool("persistent", False)
+    enforced_by = p.str("enforced_by", "daemon")
     p.done()
+    pid = _client_enforced_pid(conn, given_pid) if enforced_by == "client" else \
+        given_pid if given_pid is not None else conn.peer.pid
+    if enforced_by not in ("daemon", "client"):
+        raise RpcError(INVALID_PARAMS, f"register_task: enforced_by must be 'daemon' or 'client', not {enforced_by!r}")
     if rm.find_task(name) is not None:
         raise RpcError(ALREADY_EXISTS, f"a task named {name!r} is already registered")
     if other_pid(name) is not None:
         raise RpcError(INVALID_PARAMS, f"register_task: task names other.PID are the daemon's names of unregistered "
                                        f"busy processes; choose another than {name!r}")
     plain, derived = split_properties(props, "register_task")
-    owner = _proc_owner(pid)
-    if owner != conn.peer.uid and not conn.privileged:
-        raise RpcError(PERMISSION_DENIED, f"process {pid} belongs to uid {owner}, not to you (uid {conn.peer.uid})")
-    clash = rm.demands.member_clash(pid)
-    if clash is not None:  # two pinnings of one process would fight (deregister_unmanaged first)
-        raise RpcError(ALREADY_EXISTS, f"register_task: {clash}")
-    task = await rm.admission.register(conn, name, pid, plain, derived, facts, procedures, persistent)
+    if enforced_by == "daemon":
+        owner = _proc_owner(pid)
+        if owner != conn.peer.uid and not conn.privileged:
+            raise RpcError(PERMISSION_DENIED, f"process {pid} belongs to uid {owner}, not to you (uid {conn.peer.uid})")
+        clash = rm.demands.member_clash(pid)
+        if clash is not None:  # two pinnings of one process would fight (deregister_unmanaged first)
+            raise RpcError(ALREADY_EXISTS, f"register_task: {clash}")
+    task = await rm.admission.register(conn, name, pid, plain, derived, facts, procedures, persistent,
+                                       enforced_by=enforced_by)
     return {"task": name, "pid": pid, "app": task.app, "subscription": task.auto_subscription,
             "properties": task.spec.to_dict(), "derived": {k: d.to_dict() for k, d in task.derived.items()},
             "allocation": rm.publisher.allocation_of(task)}
+
+
+def _client_enforced_pid(conn: Connection, given_pid: int | None) -> int:
+    """A task a client enforces (a container the NRI plugin creates) has no process: pid 0."""
+    if not conn.privileged:
+        raise RpcError(PERMISSION_DENIED, "register_task: enforced_by 'client' is for privileged clients "
+                                          "(such as the NRI plugin), which carry the allocation out themselves")
+    if given_pid is not None:
+        raise RpcError(INVALID_PARAMS, "register_task: a task enforced by its client has no process: leave out 'pid'")
+    return 0
 
 
 async def update_task(rm: ResourceManager, conn: Connection, p: Params) -> Any:

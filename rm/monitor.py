@@ -253,7 +253,7 @@ class Monitor:
                 self.rm.query_plans.deploy_threads(task)
         if self._refreshing:  # the previous write is still in flight
             return
-        tasks: dict[str, list[int]] = {t.name: t.pids() for t in self.rm.tasks()}
+        tasks: dict[str, list[int]] = {t.name: t.pids() for t in self.rm.tasks() if t.pids()}
         pages = self._refreshes % PAGES_EVERY == 0
         self._refreshes += 1
         state = self.sampler.sample(tasks, pages=pages)

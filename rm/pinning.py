@@ -46,7 +46,7 @@ class Pinning:
 
     def pin(self, task: Task, cpus: tuple[int, ...]) -> bool:
         """Confine an admitted task to ``cpus`` (a failure is logged); True when it was pinned."""
-        if self.closed:
+        if self.closed or not task.pids():  # closed, or a client enforces it
             return False
         if not cpus:
             log.debug("task %s holds no CPU yet; not pinning it", task.name)
@@ -61,8 +61,8 @@ class Pinning:
 
     def pin_or_refuse(self, task: Task, cpus: tuple[int, ...]) -> None:
         """Confine a newcomer, or refuse it (and undo what was done) with an RpcError saying why."""
-        if not cpus:
-            return  # its cores are still being given back by others: it is pinned when it gets them
+        if not cpus or not task.pids():
+            return  # its cores are still being given back by others (pinned when it gets them), or a client pins it
         try:
             self.enforcer.apply(task.name, task.pids(), cpus, self.mems(cpus))
         except Exception as err:

@@ -79,8 +79,13 @@ class Task:
     derived_values: dict[str, int] = field(default_factory=dict)  # their last good values
     warning_subscription: int | None = None
     deployment: Any = None  # cod.rm.deployment.Deployment: its threads' CPUs inside its own
+    # "client": a privileged client (the NRI plugin) enforces its allocation; it has no process here (pid 0)
+    enforced_by: str = "daemon"
 
     def pids(self) -> list[int]:
+        """The processes the daemon pins and watches for this task (none when a client enforces it)."""
+        if self.enforced_by == "client":
+            return []
         return [self.pid, *sorted(self.children)]
 
 

@@ -112,7 +112,7 @@ class ResourceManager:
         pub = self.publisher
         binding = pub.last_plan.binding if pub.last_plan else {}
         return {"epoch": pub.epoch, "plan": pub.plan_summary(), "tasks": [
-            {"task": t.name, "pid": t.pid, "app": t.app, "properties": t.properties,
+            {"task": t.name, "pid": t.pid, "app": t.app, "enforced_by": t.enforced_by, "properties": t.properties,
              "cores": list(pub.announced(t.name)), "epoch": pub.state.announced_epoch.get(t.name, 0),
              "binding": list(binding.get(t.name, ())),
              **({"deployment": {"min_cores": t.deployment.plan.min_cores, "placement": dict(t.deployment.placement),

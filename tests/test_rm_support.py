@@ -129,6 +129,9 @@ class RawConn:
         self.sock.close()
 
 
+NOBODY = 65534  # the unprivileged uid (nobody) the tests become
+
+
 def as_user(uid: int, fn, *args):
     """Run `fn(*args)` in a forked child with the given uid; returns its exit status (0 = passed)."""
     pid = os.fork()

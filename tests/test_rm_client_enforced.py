@@ -1,0 +1,62 @@
+"""Tasks a privileged client enforces itself (the NRI plugin's containers): register_task's enforced_by."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from test_rm_support import NOBODY, RawConn, as_user, magny, start_daemon  # noqa: F401  (magny is a fixture)
+
+from cod.protocol import jsonrpc as rpc
+
+
+@pytest.mark.parametrize("params, code, needle", [
+    ({"enforced_by": "container"}, rpc.INVALID_PARAMS, "enforced_by must be"),
+    ({"enforced_by": "client", "pid": os.getpid()}, rpc.INVALID_PARAMS, "leave out 'pid'"),
+    ({"enforced_by": 3}, rpc.INVALID_PARAMS, "enforced_by"),
+])
+def test_bad_enforced_by_is_named_and_changes_nothing(magny, params, code, needle):
+    c = RawConn(magny.path)
+    c.hello("plugin")
+    r = c.call("register_task", {"name": "ctr", **params})
+    assert r["error"]["code"] == code and needle in r["error"]["message"], r
+    assert c.call("list_tasks", {})["result"]["tasks"] == []
+
+
+def test_a_client_enforced_task_is_allocated_without_a_process_and_leaves_with_its_connection(magny):
+    c, watcher = RawConn(magny.path), RawConn(magny.path)
+    c.hello("ns/pod/db")
+    watcher.hello("watcher")
+    r = c.call("register_task", {"name": "ns/pod/db", "enforced_by": "client",
+                                 "properties": {"min_cores": 4, "max_cores": 4}})["result"]
+    assert r["pid"] == 0 and len(r["allocation"]["cores"]) == 4
+    [task] = watcher.call("list_tasks", {})["result"]["tasks"]
+    assert task["enforced_by"] == "client" and task["pid"] == 0
+    facts = watcher.call("execute_query", {"goal": "task('ns/pod/db', P, A)"})["result"]["solutions"]
+    assert facts == [{"P": 0, "A": "ns/pod/db"}]
+    c.close()
+    deadline = time.monotonic() + 30
+    while watcher.call("list_tasks", {})["result"]["tasks"]:
+        assert time.monotonic() < deadline, "the task outlived its client's connection"
+        time.sleep(0.05)
+
+
+def _unprivileged_client_enforced(path):
+    c = RawConn(path)
+    c.hello("nobodyplugin")
+    r = c.call("register_task", {"name": "ctr", "enforced_by": "client"})
+    assert r["error"]["code"] == rpc.PERMISSION_DENIED and "privileged" in r["error"]["message"], r
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
+def test_only_privileged_clients_may_enforce_their_tasks():
+    with tempfile.TemporaryDirectory(prefix="cod-rm-test-") as tmp:
+        os.chmod(tmp, 0o755)
+        d = start_daemon(Path(tmp), "--machine", "magnycours")
+        try:
+            assert as_user(NOBODY, _unprivileged_client_enforced, d.path) == 0
+        finally:
+            d.stop()
