@@ -19,7 +19,7 @@ from cod.skb import SKBError
 
 from . import quotas
 from .config import RMConfig
-from .knowledge import Knowledge, skb_quietly
+from .knowledge import Knowledge, query_tag, skb_quietly
 from .registry import Connection, Peer, Registry, Task, Usage, default_app_name
 
 log = logging.getLogger("cod.rm")
@@ -89,6 +89,8 @@ class Sessions:
         self.knowledge.forget_connection(conn.id)
         if self.closing:  # close() has released every task and the SKB goes away next
             return
+        # Its queries still queued in the engine are answered without running: nobody reads them.
+        await skb_quietly(self.skb.abandon(query_tag(conn)), f"abandoning the queries of connection {conn.id}")
         if conn.token is not None:
             await skb_quietly(self.skb.revoke(conn.token), f"revoking the capability of connection {conn.id}")
         for task in gone:

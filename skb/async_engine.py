@@ -401,6 +401,10 @@ class AsyncSKB:
         """[{"name", "arity", "kind"}] of what the app's code may call."""
         return list((await self._run(codec.predicates(app, kind)))["predicates"])
 
+    async def abandon(self, tag: str) -> int:
+        """The client of ``tag`` is gone (codec.abandon); how many of its queries were running."""
+        return int(await self._run(codec.abandon(tag)))
+
     async def cancel(self, tag: str) -> int:
         """Stop the queries running for ``tag``; how many were running."""
         return int(await self._run(codec.cancel(tag)))

@@ -231,6 +231,11 @@ def predicates(app: str, kind: str) -> Op:
     return Op(f"predicates({app_atom(app)},{kind})")
 
 
+def abandon(tag: str) -> Op:
+    """The client of ``tag`` is gone: stop its running queries, answer its queued ones without running."""
+    return Op(f"abandon({atom(tag)})")
+
+
 def cancel(tag: str) -> Op:
     """Stop every query running for ``tag`` (a client's capability token); the reply counts them."""
     return Op(f"cancel({atom(tag)})")

@@ -4,7 +4,9 @@
 :- module(cod_limits,
           [ run_limited/3,           % :Goal, +Seconds, +Inferences
             start_watchdog/0,
-            cancel_tagged/2          % +Tag, -Count
+            cancel_tagged/2,         % +Tag, -Count
+            abandon_tagged/2,        % +Tag, -Count
+            abandoned/1              % +Tag
           ]).
 :- use_module(library(error)).
 
@@ -109,6 +111,36 @@ expire(Deadline) :-
     ->  throw(cod_limit(time))
     ;   true
     ).
+
+%!  abandon_tagged(+Tag, -Count) is det.
+%
+%   The client of Tag is gone (its connection closed): its running calls
+%   are stopped as by cancel_tagged/2, and Tag is remembered so that its
+%   queries still queued are answered at once without running (abandoned/1).
+%   Without it, a client that pipelines thousands of queries and leaves
+%   keeps the pool busy with answers nobody reads.  Tags are never reused
+%   (a connection's token or id); the last MAX_ABANDONED are remembered.
+abandon_tagged(Tag, Count) :-
+    must_be(atom, Tag),
+    (   abandoned_tag(Tag)
+    ->  true
+    ;   assertz(abandoned_tag(Tag)),
+        flag(cod_abandoned, N, N+1),
+        (   N >= 10000, retract(abandoned_tag(_))   % the oldest
+        ->  flag(cod_abandoned, M, M-1)
+        ;   true
+        )
+    ),
+    cancel_tagged(Tag, Count).
+
+:- dynamic abandoned_tag/1.
+
+%!  abandoned(+Tag) is semidet.
+%
+%   True if the client of Tag is gone (abandon_tagged/2).
+abandoned(Tag) :-
+    Tag \== none,
+    abandoned_tag(Tag), !.
 
 %!  cancel_tagged(+Tag, -Count) is det.
 %

@@ -233,6 +233,7 @@ options_client(Options, Client) :-
 op_kind(ping, inline).
 op_kind(stats, inline).
 op_kind(cancel(_), inline).
+op_kind(abandon(_), inline).
 op_kind(load_system(_), write).
 op_kind(add_system_facts(_), write).
 op_kind(remove_system_facts(_), write).
@@ -309,7 +310,9 @@ op_outcome(Op, Outcome) :-
     op_kind(Op, Kind),
     op_tag(Op, Tag),
     nb_setval(cod_tag, Tag),
-    (   Kind == write, Op \== snapshot
+    (   abandoned(Tag)      % its client is gone: nobody would read the answer
+    ->  Runner = throw(cod_limit(cancelled))
+    ;   Kind == write, Op \== snapshot
     ->  Runner = with_declarations(transaction(op_result(Op, Result)))
     ;   Runner = op_result(Op, Result)
     ),
@@ -412,6 +415,9 @@ op_result(usage(App), json(U)) :-
 op_result(query(App, Text, Options), Answer) :-
     option_limits(Options, Options1),
     run_query(App, Text, Options1, Answer).
+op_result(abandon(Tag), int(N)) :-
+    must_be(atom, Tag),
+    abandon_tagged(Tag, N).
 op_result(cancel(Tag), int(N)) :-
     must_be(atom, Tag),
     cancel_tagged(Tag, N).
