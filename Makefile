@@ -17,8 +17,15 @@ APT_PACKAGES += libjansson-dev pkg-config valgrind clang libclang-rt-dev
 # CSCS (clients/cscs): libnuma for partition placement.
 APT_PACKAGES += libnuma-dev
 PYTEST_ARGS ?=
+# The NUMA guests with cgroup v2 (tests/vm/, docs/testing.md): qemu under TCG, virtme-ng's
+# initramfs (busybox) and udev (its script I/O ports), depmod for the guest's modules.
+VM_APT_PACKAGES := qemu-system-x86 busybox-static udev kmod
+VM_TOPOLOGY ?= 2x2
+VM_TOPOLOGIES := 2x2 4x2
+VM_TIMEOUT ?= 900
+VMRUN := $(PYTHON) tests/vm/vmrun.py
 
-.PHONY: setup deps demo test bench clean cclient
+.PHONY: setup deps demo test bench clean cclient vm-deps vm-test vm-shell vm-suites
 
 setup: deps $(STAMP)
 
@@ -52,6 +59,24 @@ demo: setup
 test: setup cclient
 	$(MAKE) -C clients/cscs check
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(MAKE) vm-suites
+
+# Both guests' suites, one after the other (each a boot of its own).
+vm-suites: setup vm-deps
+	@for t in $(VM_TOPOLOGIES); do \
+	  $(VMRUN) test --topology $$t --timeout $(VM_TIMEOUT) || exit $$?; \
+	done
+
+vm-deps:
+	@$(MAKE) -s deps APT_PACKAGES="$(VM_APT_PACKAGES)"
+
+# One guest: make vm-test [VM_TOPOLOGY=2x2|4x2] [PYTEST_ARGS='-x tests/vm/test_topology.py']
+vm-test: setup vm-deps
+	$(VMRUN) test --topology $(VM_TOPOLOGY) --timeout $(VM_TIMEOUT) -- $(PYTEST_ARGS)
+
+# A root shell in the guest (needs a terminal); exit (or Ctrl-D) powers it off.
+vm-shell: setup vm-deps
+	$(VMRUN) shell --topology $(VM_TOPOLOGY)
 
 # libcod, its test programs and the Listing 1 example (tests/test_cclient.py runs them).
 cclient:
