@@ -207,6 +207,14 @@ def guest_pytest(topo_name: str, pytest_args: list[str]) -> str:
             f"exec {shlex.quote(python)} -m pytest -p no:cacheprovider {shlex.join(pytest_args)}")
 
 
+def with_tests(topo_name: str, pytest_args: list[str]) -> list[str]:
+    """pytest's arguments, with the guest's default tests unless they name a file or directory
+    (so that '-x' or '-k partition' alone still runs the guest suite, not the host's testpaths)."""
+    if any(os.path.exists(os.path.join(ROOT, a.split("::")[0])) for a in pytest_args if not a.startswith("-")):
+        return pytest_args
+    return [*pytest_args, *DEFAULT_TESTS[topo_name]]
+
+
 def run_guest(cmd: list[str], env: dict[str, str], timeout: float | None, interactive: bool) -> int:
     """Run virtme-ng in its own process group; on a timeout, SIGTERM or Ctrl-C kill that whole
     group (vng and its qemu), so no guest outlives this program."""
@@ -253,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "shell":
             cmd, env = vng_command(args.topology, None, args.verbose)
             return run_guest(cmd, env, None, interactive=True)
-        cmd, env = vng_command(args.topology, guest_pytest(args.topology, args.pytest_args or DEFAULT_TESTS[args.topology]),
+        cmd, env = vng_command(args.topology, guest_pytest(args.topology, with_tests(args.topology, args.pytest_args)),
                                args.verbose)
     except VmError as err:
         log(str(err))
