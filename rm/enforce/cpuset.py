@@ -291,7 +291,22 @@ class CpusetV2Enforcer(CpusetEnforcer):
         _write(os.path.join(path, "cpuset.cpus"), procfs.format_cpu_list(cpus))
         _write(os.path.join(path, "cpuset.mems"), procfs.format_cpu_list(mems))
         if self.exclusive:
-            _write(os.path.join(path, "cpuset.cpus.partition"), "root")
+            self._make_partition(path, cpus)
+
+    def _make_partition(self, path: str, cpus: tuple[int, ...]) -> None:
+        """A remote partition (Linux 6.7+): our parent is no partition root, so the CPUs must be in
+        its ``cpuset.cpus.exclusive`` first.  The kernel accepts 'root' even when it cannot make
+        the partition and says so only in the file ('root invalid (...)'): read it back."""
+        parent_x = os.path.join(self.parent, "cpuset.cpus.exclusive")
+        held = set(procfs.parse_cpu_list(_read(parent_x) or ""))
+        if not set(cpus) <= held:
+            _write(parent_x, procfs.format_cpu_list(sorted(held | set(cpus))))
+        _write(os.path.join(path, "cpuset.cpus.exclusive"), procfs.format_cpu_list(cpus))
+        _write(os.path.join(path, "cpuset.cpus.partition"), "root")
+        state = _read(os.path.join(path, "cpuset.cpus.partition"))
+        if state != "root":
+            raise EnforceError(f"{path} is not an exclusive partition of CPUs {procfs.format_cpu_list(cpus)}: "
+                               f"the kernel says {state!r}")
 
     def _move_process(self, path: str, pid: int) -> bool:
         return self._move(path, pid)
