@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -215,12 +216,25 @@ def with_tests(topo_name: str, pytest_args: list[str]) -> list[str]:
     return [*pytest_args, *DEFAULT_TESTS[topo_name]]
 
 
+def _copy_out(pipe) -> None:
+    for chunk in iter(lambda: pipe.read1(65536), b""):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+
+
 def run_guest(cmd: list[str], env: dict[str, str], timeout: float | None, interactive: bool) -> int:
     """Run virtme-ng in its own process group; on a timeout, SIGTERM or Ctrl-C kill that whole
     group (vng and its qemu), so no guest outlives this program."""
     stdin = None if interactive else subprocess.DEVNULL
     scratch = tempfile.mkdtemp(prefix="cod-vm-")  # vng's temporary files, gone even after a kill
-    proc = subprocess.Popen(cmd, env=dict(env, TMPDIR=scratch), stdin=stdin, start_new_session=not interactive)
+    # qemu opens the script's stdout and stderr ports by path, one open per port: on a regular
+    # file they would overwrite each other, so they get a pipe that this program copies out.
+    out = None if interactive else subprocess.PIPE
+    err = None if interactive else subprocess.STDOUT
+    proc = subprocess.Popen(cmd, env=dict(env, TMPDIR=scratch), stdin=stdin, stdout=out, stderr=err,
+                            start_new_session=not interactive)
+    if not interactive:
+        threading.Thread(target=_copy_out, args=(proc.stdout,), daemon=True).start()
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
