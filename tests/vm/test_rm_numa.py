@@ -18,6 +18,8 @@ import test_rm_support
 from test_rm_support import Daemon, RawConn
 
 SLOW = 300.0  # seconds: generous under TCG, still a failure when nothing happens
+# pytest-timeout's 300 s (pyproject) would cut a wait of SLOW before it can say what it waited for.
+pytestmark = pytest.mark.timeout(3 * SLOW)
 
 
 # The SKB gives SWI-Prolog 20 s to start (skb/session.py), which TCG on a loaded machine exceeds:
