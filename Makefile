@@ -21,7 +21,16 @@ PYTEST_ARGS ?=
 # (a BuildBackendWarning of ten lines): true of any editable install, and nothing to act on here.
 EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 
-.PHONY: setup deps demo test bench clean cclient skb-user nri-test
+# The NUMA guests with cgroup v2 (tests/vm/, docs/testing.md): qemu under TCG, virtme-ng's
+# initramfs (busybox) and udev (its script I/O ports), depmod for the guest's modules.
+VM_APT_PACKAGES := qemu-system-x86 busybox-static udev kmod
+VM_TOPOLOGY ?= 2x2
+VM_TOPOLOGIES := 2x2 4x2
+VM_TIMEOUT ?= 900
+VMRUN := $(PYTHON) tests/vm/vmrun.py
+
+
+.PHONY: setup deps demo test bench clean cclient skb-user nri-test vm-deps vm-test vm-shell vm-suites
 
 # The SKB engine's seccomp filter against execve (skb/native/cod_noexec.c, preloaded by skb/lockdown.py).
 NOEXEC_SO := skb/native/cod_noexec.so
@@ -71,6 +80,24 @@ demo: setup
 test: setup cclient nri-test
 	$(MAKE) -C clients/cscs check
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
+	$(MAKE) vm-suites
+
+# Both guests' suites, one after the other (each a boot of its own).
+vm-suites: setup vm-deps
+	@for t in $(VM_TOPOLOGIES); do \
+	  $(VMRUN) test --topology $$t --timeout $(VM_TIMEOUT) || exit $$?; \
+	done
+
+vm-deps:
+	@$(MAKE) -s deps APT_PACKAGES="$(VM_APT_PACKAGES)"
+
+# One guest: make vm-test [VM_TOPOLOGY=2x2|4x2] [PYTEST_ARGS='-x tests/vm/test_topology.py']
+vm-test: setup vm-deps
+	$(VMRUN) test --topology $(VM_TOPOLOGY) --timeout $(VM_TIMEOUT) -- $(PYTEST_ARGS)
+
+# A root shell in the guest (needs a terminal); exit (or Ctrl-D) powers it off.
+vm-shell: setup vm-deps
+	$(VMRUN) shell --topology $(VM_TOPOLOGY)
 
 # The NRI plugin (clients/nri, docs/kubernetes.md): go vet and its tests against a real `cod rm`.
 # Go 1.24+ is needed (containerd/nri); an older Go fetches the right toolchain itself (GOTOOLCHAIN=auto).

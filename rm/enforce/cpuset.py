@@ -306,10 +306,31 @@ class CpusetV2Enforcer(CpusetEnforcer):
                 _write(ctl, "+cpuset")
 
     def _configure(self, path: str, cpus: tuple[int, ...], mems: tuple[int, ...], fresh: bool) -> None:
+        if self.exclusive:  # first: CPUs another partition holds are refused before anything changes
+            self._claim_exclusive(path, cpus)
         _write(os.path.join(path, "cpuset.cpus"), procfs.format_cpu_list(cpus))
         _write(os.path.join(path, "cpuset.mems"), procfs.format_cpu_list(mems))
         if self.exclusive:
-            _write(os.path.join(path, "cpuset.cpus.partition"), "root")
+            self._make_partition(path, cpus)
+
+    def _claim_exclusive(self, path: str, cpus: tuple[int, ...]) -> None:
+        """A remote partition (Linux 6.7+): our parent is no partition root, so the CPUs must be in
+        its ``cpuset.cpus.exclusive``, then in the task's (which the kernel refuses when a sibling
+        holds one of them)."""
+        parent_x = os.path.join(self.parent, "cpuset.cpus.exclusive")
+        held = set(procfs.parse_cpu_list(_read(parent_x) or ""))
+        if not set(cpus) <= held:
+            _write(parent_x, procfs.format_cpu_list(sorted(held | set(cpus))))
+        _write(os.path.join(path, "cpuset.cpus.exclusive"), procfs.format_cpu_list(cpus))
+
+    def _make_partition(self, path: str, cpus: tuple[int, ...]) -> None:
+        """The kernel accepts 'root' even when it cannot make the partition and says so only in
+        the file ('root invalid (...)'): read it back."""
+        _write(os.path.join(path, "cpuset.cpus.partition"), "root")
+        state = _read(os.path.join(path, "cpuset.cpus.partition"))
+        if state != "root":
+            raise EnforceError(f"{path} is not an exclusive partition of CPUs {procfs.format_cpu_list(cpus)}: "
+                               f"the kernel says {state!r}")
 
     def _move_process(self, path: str, pid: int) -> bool:
         return self._move(path, pid)

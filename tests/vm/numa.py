@@ -1,0 +1,104 @@
+"""Where a process's memory is: a child that touches fresh anonymous memory on request, and
+readers of /proc/PID/numa_maps and /proc/PID/status (the guest tests' helpers)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
+from cod.rm.enforce.procfs import format_cpu_list
+
+TOUCHER = r"""
+import mmap, os, sys, ctypes
+os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(",")])  # where its first pages go
+keep = []
+for line in sys.stdin:
+    mib = int(line)
+    keep.append(mmap.mmap(-1, 4096, prot=mmap.PROT_READ))  # a neighbour the next one cannot merge with
+    m = mmap.mmap(-1, mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for off in range(0, mib << 20, 4096):
+        m[off] = 1
+    keep.append(m)
+    print(ctypes.addressof(ctypes.c_char.from_buffer(m)), flush=True)
+"""
+
+
+class Toucher:
+    """A Python child started on ``cpus``; ``touch(mib)`` maps and writes ``mib`` MiB and returns
+    the mapping's address."""
+
+    def __init__(self, cpus) -> None:
+        self.cpus = ",".join(str(c) for c in cpus)
+
+    def __enter__(self) -> "Toucher":
+        self.proc = subprocess.Popen([sys.executable, "-c", TOUCHER, self.cpus], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        return self
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def touch(self, mib: int) -> int:
+        self.proc.stdin.write(f"{mib}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"the toucher died (exit {self.proc.poll()})"
+        return int(line)
+
+    def __exit__(self, *exc) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def node_pages(pid: int, addr: int) -> dict[int, int]:
+    """Pages per node of the mapping holding ``addr`` (numa_maps' N<node>=<pages>); the kernel
+    may have merged it with an anonymous neighbour, whose pages then count too."""
+    starts = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                starts.append(lo)
+    assert starts, f"no mapping holds {addr:#x} in /proc/{pid}/maps"
+    with open(f"/proc/{pid}/numa_maps") as f:
+        for line in f:
+            start, _, rest = line.partition(" ")
+            if int(start, 16) == starts[0]:
+                return {int(n): int(c) for n, c in re.findall(r"\bN(\d+)=(\d+)", rest)}
+    raise AssertionError(f"no mapping at {starts[0]:#x} in /proc/{pid}/numa_maps")
+
+
+def status_list(pid: int, key: str) -> str:
+    """A line of /proc/PID/status, e.g. Mems_allowed_list."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no {key} in /proc/{pid}/status")
+
+
+def fmt(ids) -> str:
+    return format_cpu_list(sorted(ids))
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()
+
+
+def cgroup_confines(pid: int, cpus, mems) -> None:
+    """The kernel's view, not our files': the process sits in a cgroup of the v2 hierarchy whose
+    effective CPUs and nodes are the given ones, and its status says the same."""
+    mount = find_cpuset_mount()
+    assert mount is not None and mount.version == 2, mount
+    rel = process_cgroup(pid, 2)
+    assert rel is not None and rel != "/", f"pid {pid} is in the root cgroup"
+    cg = os.path.join(mount.path, rel.lstrip("/"))
+    assert read(f"{cg}/cpuset.cpus.effective") == fmt(cpus)
+    assert read(f"{cg}/cpuset.mems.effective") == fmt(mems)
+    assert status_list(pid, "Cpus_allowed_list") == fmt(cpus)
+    assert status_list(pid, "Mems_allowed_list") == fmt(mems)

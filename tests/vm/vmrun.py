@@ -1,0 +1,291 @@
+"""Boot a NUMA guest with cgroup v2 under qemu (TCG) and run pytest, or a shell, inside it.
+
+    python3 tests/vm/vmrun.py test  --topology 2x2 [--timeout S] [-- PYTEST ARGS...]
+    python3 tests/vm/vmrun.py shell --topology 4x2
+    python3 tests/vm/vmrun.py prepare
+
+The guest is virtme-ng (PyPI) booting Debian's 6.12 kernel image (``apt-get download``, unpacked
+with ``dpkg -x``, never installed) on this machine's own root file system over 9p, read-only,
+with writable overlays on /etc, /tmp, /var... and on the project's tree, so pytest inside sees
+the project, its .venv, SWI-Prolog and the C builds, and writes nowhere on the host.  Both
+come from a cache (``$COD_VM_CACHE``, else ``~/.cache/cod-vm``) keyed by their versions:
+``vng-VERSION/`` (a venv) and ``kernel-PACKAGEVERSION/``.  Standard library only: it runs
+before and beside the project's own venv.
+
+The test session runs as root inside; its output is pytest's own and its exit code is this
+program's.  On a timeout the guest (the process group this program started) is killed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from topologies import ENV, TOPOLOGIES, topology  # noqa: E402
+
+VNG_VERSION = "1.42"
+# Debian 12's 6.12 kernel (linux-6.12 in bookworm-security): NUMA, cgroup v2 cpuset, 9p.
+KERNEL_PACKAGES = r"^linux-image-6\.12\.[0-9]+\+deb12-amd64-unsigned$"
+# numpy needs more than qemu64 (SSE4/AVX: an illegal instruction otherwise); 5-level paging
+# off, or the TCG guest panics; 'max' also shows one L3 per node.
+QEMU_CPU = "max,la57=off"
+# Only what the guest mounts with: udev would otherwise load every driver qemu's machine
+# offers (AHCI, CD-ROM, KVM, crypto), which takes over a minute under TCG.
+GUEST_MODULES = ("9p", "9pnet", "9pnet_virtio", "netfs", "overlay")
+# The host's enforcement tests do not depend on the number of nodes: one guest runs them.
+DEFAULT_TESTS = {"2x2": ["tests/vm", "tests/test_enforce_affinity.py"], "4x2": ["tests/vm"]}
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class VmError(Exception):
+    """The guest could not be prepared: says what is missing."""
+
+
+def cache_dir() -> str:
+    return os.environ.get("COD_VM_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "cod-vm")
+
+
+def log(msg: str) -> None:
+    print(f"vm: {msg}", file=sys.stderr, flush=True)
+
+
+def _run(cmd: list[str], **kw) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if res.returncode != 0:
+        raise VmError(f"{shlex.join(cmd)} failed ({res.returncode}): {res.stderr.strip() or res.stdout.strip()}")
+    return res.stdout
+
+
+def _build_once(final: str, build) -> str:
+    """Make ``final`` with ``build(tmpdir)`` unless it exists; atomic, so runs can share the cache."""
+    if os.path.isdir(final):
+        return final
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=os.path.basename(final) + ".tmp-", dir=os.path.dirname(final))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not os.path.isdir(final):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+# ---- virtme-ng -----------------------------------------------------------------------------
+
+def ensure_vng() -> str:
+    """The bin directory of a venv holding virtme-ng ``VNG_VERSION``."""
+    def build(tmp: str) -> None:
+        log(f"installing virtme-ng {VNG_VERSION} into {cache_dir()}")
+        _run([sys.executable, "-m", "venv", tmp])
+        _run([os.path.join(tmp, "bin", "python"), "-m", "pip", "install", "-q", f"virtme-ng=={VNG_VERSION}"])
+        # The venv's scripts name their interpreter by path: move it under its final name.
+        final = os.path.join(cache_dir(), f"vng-{VNG_VERSION}")
+        for script in glob.glob(os.path.join(tmp, "bin", "*")):
+            if os.path.isfile(script) and not os.path.islink(script):
+                with open(script, "rb") as f:
+                    text = f.read()
+                if text.startswith(b"#!") and tmp.encode() in text:
+                    with open(script, "wb") as f:
+                        f.write(text.replace(tmp.encode(), final.encode()))
+    venv = _build_once(os.path.join(cache_dir(), f"vng-{VNG_VERSION}"), build)
+    return os.path.join(venv, "bin")
+
+
+# ---- the kernel ----------------------------------------------------------------------------
+
+def newest_kernel_package() -> tuple[str, str]:
+    """(package, version) of Debian's newest 6.12 amd64 kernel image apt knows."""
+    names = _run(["apt-cache", "pkgnames", "linux-image-6.12"]).split()
+    names = [n for n in names if re.match(KERNEL_PACKAGES, n)]
+    if not names:
+        raise VmError("apt knows no linux-image-6.12.*+deb12-amd64-unsigned: run 'apt-get update' "
+                      "(bookworm-security must be in the sources)")
+    name = max(names, key=lambda n: [int(x) for x in re.findall(r"\d+", n.split("+")[0])])
+    version = _run(["apt-cache", "show", "--no-all-versions", name])
+    found = re.search(r"^Version: (\S+)$", version, re.M)
+    if not found:
+        raise VmError(f"apt-cache show {name} names no version")
+    return name, found.group(1)
+
+
+def _modules_closure(moddir: str, wanted: tuple[str, ...]) -> set[str]:
+    deps: dict[str, list[str]] = {}
+    with open(os.path.join(moddir, "modules.dep")) as f:
+        for line in f:
+            mod, _, rest = line.partition(":")
+            deps[mod] = rest.split()
+    by_name = {re.sub(r"\.ko(\.\w+)?$", "", os.path.basename(m)): m for m in deps}
+    todo = [by_name[w] for w in wanted]
+    keep: set[str] = set()
+    while todo:
+        mod = todo.pop()
+        if mod not in keep:
+            keep.add(mod)
+            todo += deps[mod]
+    return keep
+
+
+def ensure_kernel() -> tuple[str, str, str]:
+    """(vmlinuz, modules directory, kernel release), unpacked from the package into the cache
+    (its directory names the package version with '_' for what virtme-ng's options refuse, '~')."""
+    cached = sorted(glob.glob(os.path.join(cache_dir(), "kernel-*", "boot", "vmlinuz-*")))
+    try:
+        name, version = newest_kernel_package()
+    except VmError:
+        if not cached:
+            raise
+        return _kernel_paths(os.path.dirname(os.path.dirname(cached[-1])))
+
+    def build(tmp: str) -> None:
+        log(f"downloading {name} {version} into {cache_dir()}")
+        _run(["apt-get", "download", f"{name}={version}"], cwd=tmp)
+        debs = glob.glob(os.path.join(tmp, "*.deb"))
+        full = os.path.join(tmp, "full")
+        _run(["dpkg", "-x", debs[0], full])
+        kver = os.listdir(os.path.join(full, "lib", "modules"))[0]
+        src = os.path.join(full, "lib", "modules", kver)
+        _run(["depmod", "-b", full, kver])  # the package leaves modules.dep to its postinst
+        dst = os.path.join(tmp, "lib", "modules", kver)
+        for mod in _modules_closure(src, GUEST_MODULES):
+            os.makedirs(os.path.dirname(os.path.join(dst, mod)), exist_ok=True)
+            shutil.copy2(os.path.join(src, mod), os.path.join(dst, mod))
+        for meta in glob.glob(os.path.join(src, "modules.builtin*")) + [os.path.join(src, "modules.order")]:
+            shutil.copy2(meta, dst)
+        _run(["depmod", "-b", tmp, kver])
+        os.makedirs(os.path.join(tmp, "boot"))
+        for f in (f"vmlinuz-{kver}", f"config-{kver}"):
+            shutil.copy2(os.path.join(full, "boot", f), os.path.join(tmp, "boot", f))
+        shutil.rmtree(full)
+        for deb in debs:
+            os.unlink(deb)
+    return _kernel_paths(_build_once(os.path.join(cache_dir(), "kernel-" + re.sub(r"[^A-Za-z0-9.-]", "_", version)), build))
+
+
+def _kernel_paths(kdir: str) -> tuple[str, str, str]:
+    vmlinuz = glob.glob(os.path.join(kdir, "boot", "vmlinuz-*"))[0]
+    kver = os.path.basename(vmlinuz)[len("vmlinuz-"):]
+    return vmlinuz, os.path.join(kdir, "lib", "modules", kver), kver
+
+
+# ---- the guest -----------------------------------------------------------------------------
+
+def vng_command(topo_name: str, exec_cmd: str | None, verbose: bool) -> tuple[list[str], dict[str, str]]:
+    if shutil.which("qemu-system-x86_64") is None or shutil.which("busybox") is None:
+        raise VmError("qemu-system-x86_64 and busybox are needed: 'make vm-deps' installs them "
+                      "(Debian's qemu-system-x86, busybox-static, udev, kmod)")
+    vmlinuz, modules, kver = ensure_kernel()
+    bindir = ensure_vng()
+    cmd = [os.path.join(bindir, "vng"), "--run", vmlinuz, "--disable-kvm", "--force-9p",
+           f"--rodir=/lib/modules/{kver}={modules}", "--overlay-rwdir", ROOT, "--user", "root",
+           "--cwd", ROOT, f"--qemu-opts=-cpu {QEMU_CPU}", *topology(topo_name).vng_args()]
+    if verbose:
+        cmd.append("--verbose")
+    if exec_cmd is not None:
+        cmd += ["--exec", exec_cmd]
+    env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+    return cmd, env
+
+
+def guest_pytest(topo_name: str, pytest_args: list[str]) -> str:
+    """The shell command the guest runs: pytest from the project's venv, the topology named."""
+    python = os.path.join(ROOT, ".venv", "bin", "python")
+    return (f"cd {shlex.quote(ROOT)} && export {ENV}={topo_name} PYTHONDONTWRITEBYTECODE=1 && "
+            f"exec {shlex.quote(python)} -m pytest -p no:cacheprovider {shlex.join(pytest_args)}")
+
+
+def with_tests(topo_name: str, pytest_args: list[str]) -> list[str]:
+    """pytest's arguments, with the guest's default tests unless they name a file or directory
+    (so that '-x' or '-k partition' alone still runs the guest suite, not the host's testpaths)."""
+    if any(os.path.exists(os.path.join(ROOT, a.split("::")[0])) for a in pytest_args if not a.startswith("-")):
+        return pytest_args
+    return [*pytest_args, *DEFAULT_TESTS[topo_name]]
+
+
+def _copy_out(pipe) -> None:
+    for chunk in iter(lambda: pipe.read1(65536), b""):
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.buffer.flush()
+
+
+def run_guest(cmd: list[str], env: dict[str, str], timeout: float | None, interactive: bool) -> int:
+    """Run virtme-ng in its own process group; on a timeout, SIGTERM or Ctrl-C kill that whole
+    group (vng and its qemu), so no guest outlives this program."""
+    stdin = None if interactive else subprocess.DEVNULL
+    scratch = tempfile.mkdtemp(prefix="cod-vm-")  # vng's temporary files, gone even after a kill
+    # qemu opens the script's stdout and stderr ports by path, one open per port: on a regular
+    # file they would overwrite each other, so they get a pipe that this program copies out.
+    out = None if interactive else subprocess.PIPE
+    err = None if interactive else subprocess.STDOUT
+    proc = subprocess.Popen(cmd, env=dict(env, TMPDIR=scratch), stdin=stdin, stdout=out, stderr=err,
+                            start_new_session=not interactive)
+    if not interactive:
+        threading.Thread(target=_copy_out, args=(proc.stdout,), daemon=True).start()
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log(f"the guest ran past {timeout:.0f} s: killing it (process group {proc.pid})")
+        return 124
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        if proc.poll() is None:
+            if interactive:
+                proc.kill()
+            else:
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=["test", "shell", "prepare"])
+    parser.add_argument("--topology", default="2x2", choices=sorted(TOPOLOGIES))
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the guest is killed")
+    parser.add_argument("--verbose", action="store_true", help="show the guest's kernel console")
+    parser.epilog = f"After '--': pytest's arguments (default: {DEFAULT_TESTS})."
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    args.pytest_args = argv[split + 1:]
+    try:
+        if args.action == "prepare":
+            ensure_kernel()
+            ensure_vng()
+            return 0
+        if args.action == "shell":
+            cmd, env = vng_command(args.topology, None, args.verbose)
+            return run_guest(cmd, env, None, interactive=True)
+        cmd, env = vng_command(args.topology, guest_pytest(args.topology, with_tests(args.topology, args.pytest_args)),
+                               args.verbose)
+    except VmError as err:
+        log(str(err))
+        return 2
+    log(f"booting the {args.topology} guest (TCG; timeout {args.timeout:.0f} s)")
+    start = time.monotonic()
+    rc = run_guest(cmd, env, args.timeout, interactive=False)
+    log(f"the {args.topology} guest ended with {rc} after {time.monotonic() - start:.0f} s")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
