@@ -116,3 +116,13 @@ def test_scope_and_cgroupfs_read_through_the_one_reader(tmp_path):
     assert ProcessScope.parse("cgroup:/user.slice", proc=proc).allows(100)
     assert not ProcessScope.parse("all", never="postgres", proc=proc).allows(100)
     assert ProcessScope.parse("descendants:1", proc=proc).allows(100)  # its ppid is 1
+
+
+def test_meminfo_reads_bytes_and_tolerates_a_missing_file(tmp_path):
+    f = tmp_path / "meminfo"
+    f.write_text("MemTotal:       24731708 kB\nMemFree:         3979136 kB\nMemAvailable:   22524828 kB\n"
+                 "HugePages_Total:       0\nbogus line\n")
+    got = procfs.meminfo(str(f))
+    assert got["MemTotal"] == 24731708 * 1024 and got["MemAvailable"] == 22524828 * 1024
+    assert got["HugePages_Total"] == 0 and "bogus line" not in got
+    assert procfs.meminfo(str(tmp_path / "absent")) == {}

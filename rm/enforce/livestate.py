@@ -71,20 +71,8 @@ def node_free_bytes(sys_nodes: str = SYS_NODES, meminfo: str | None = None) -> d
                     break
     if len(out) == 1 and meminfo is not None:
         [(node, free)] = out.items()
-        out = {node: max(free, _meminfo_free(meminfo) or 0)}
+        out = {node: max(free, procfs.meminfo(meminfo).get("MemFree", 0))}
     return dict(sorted(out.items()))
-
-
-def _meminfo_free(path: str) -> int | None:
-    """MemFree of /proc/meminfo in bytes (None when unreadable)."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith("MemFree:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def parse_numa_maps(text: bytes) -> dict[int, int]:

@@ -180,6 +180,21 @@ def schedstat_delay_ns(pid: int, proc: str = PROC) -> int | None:
     return sum(s[1] for s in (thread_schedstat(pid, tid, proc) for tid in tids) if s is not None)
 
 
+def meminfo(path: str = PROC + "/meminfo") -> dict[str, int]:
+    """/proc/meminfo's figures in bytes (``MemTotal``, ``MemFree``, ``MemAvailable``, ...); {} when unreadable."""
+    out: dict[str, int] = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, _, rest = line.partition(":")
+                fields = rest.split()
+                if fields and fields[0].isdigit():
+                    out[key] = int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
+    except OSError:
+        return {}
+    return out
+
+
 def pids(proc: str = PROC) -> list[int]:
     return [int(n) for n in os.listdir(proc) if n.isdigit()]
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from cod.facts.cpulist import format_cpulist
 from cod.facts.model import Machine
+from cod.rm.enforce import procfs
 
 from ..errors import DeployError
 from .cbuild import build
@@ -71,14 +72,7 @@ def size_arrays(wanted: int, available: int | None, *, asked: bool = False) -> S
 
 def mem_available(meminfo: str = "/proc/meminfo") -> int | None:
     """MemAvailable in bytes, None when the kernel does not say (before Linux 3.14) or it is unreadable."""
-    try:
-        with open(meminfo) as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    return procfs.meminfo(meminfo).get("MemAvailable")
 
 
 @dataclass(frozen=True)
