@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from cod.rm.enforce import procfs
 from cod.rm.enforce.procfs import cpus_allowed, format_cpu_list, parse_cpu_list, parse_stat, read_stat
 
 
