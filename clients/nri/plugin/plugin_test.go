@@ -24,6 +24,17 @@ func testDir(t *testing.T) string {
 	return dir
 }
 
+// startNode starts what one Kubernetes node runs: the RM (on the MagnyCours facts), the
+// runtime's NRI adaptation and the plugin between them.
+func startNode(t *testing.T) (string, *rmDaemon, *runtime, *codPlugin) {
+	t.Helper()
+	dir := testDir(t)
+	rm := startRM(t, dir, "magnycours")
+	r := startRuntime(t, dir)
+	cp := startPlugin(t, dir, r, plugin.Config{RMSocket: rm.socket, RMTimeout: 20 * time.Second})
+	return dir, rm, r, cp
+}
+
 func listing3(t *testing.T, slaMs int) map[string]string {
 	proc, err := os.ReadFile(filepath.Join(repoRoot(t), "stored_procedures", "examples", "cscs_cost_fn.pl"))
 	if err != nil {
@@ -47,10 +58,7 @@ func cpuCount(t *testing.T, cpus string) int {
 
 // The paper's Table 3 on MagnyCours: SLA 2 s, 4 s, 8 s give 8, 4 and 2 cores.
 func TestListing3ContainersGetTable3Cores(t *testing.T) {
-	dir := testDir(t)
-	rm := startRM(t, dir, "magnycours")
-	r := startRuntime(t, dir)
-	startPlugin(t, dir, r, plugin.Config{RMSocket: rm.socket, RMTimeout: 20 * time.Second})
+	_, rm, r, _ := startNode(t)
 	ctx := context.Background()
 	for _, row := range []struct{ slaMs, cores int }{{2000, 8}, {4000, 4}, {8000, 2}} {
 		id, cpus, err := r.createPod(ctx, "tpch", fmt.Sprintf("cscs-%d", row.slaMs), listing3(t, row.slaMs), 0)
@@ -69,10 +77,7 @@ func TestListing3ContainersGetTable3Cores(t *testing.T) {
 
 // 50 pods (40 COD tasks sharing 48 CPUs, 10 in the shared pool) through create, update and stop.
 func TestFiftyPods(t *testing.T) {
-	dir := testDir(t)
-	rm := startRM(t, dir, "magnycours")
-	r := startRuntime(t, dir)
-	cp := startPlugin(t, dir, r, plugin.Config{RMSocket: rm.socket, RMTimeout: 20 * time.Second})
+	_, rm, r, cp := startNode(t)
 	ctx := context.Background()
 	var ids []string
 	codTask := map[string]string{}
@@ -170,10 +175,7 @@ func reportLatencies(t *testing.T, lat []time.Duration) {
 
 // The RM killed and restarted: the plugin registers its containers again and they converge.
 func TestRMRestart(t *testing.T) {
-	dir := testDir(t)
-	rm := startRM(t, dir, "magnycours")
-	r := startRuntime(t, dir)
-	startPlugin(t, dir, r, plugin.Config{RMSocket: rm.socket, RMTimeout: 20 * time.Second})
+	_, rm, r, _ := startNode(t)
 	ctx := context.Background()
 	for i, sla := range []int{2000, 4000} {
 		if _, _, err := r.createPod(ctx, "db", fmt.Sprintf("p%d", i), listing3(t, sla), 0); err != nil {
@@ -196,10 +198,7 @@ func TestRMRestart(t *testing.T) {
 
 // The plugin killed and restarted: Synchronize registers the running containers again.
 func TestPluginRestart(t *testing.T) {
-	dir := testDir(t)
-	rm := startRM(t, dir, "magnycours")
-	r := startRuntime(t, dir)
-	cp := startPlugin(t, dir, r, plugin.Config{RMSocket: rm.socket, RMTimeout: 20 * time.Second})
+	dir, rm, r, cp := startNode(t)
 	ctx := context.Background()
 	if _, _, err := r.createPod(ctx, "db", "a", listing3(t, 2000), 0); err != nil {
 		t.Fatal(err)
@@ -223,10 +222,7 @@ func TestPluginRestart(t *testing.T) {
 }
 
 func TestBadInput(t *testing.T) {
-	dir := testDir(t)
-	rm := startRM(t, dir, "magnycours")
-	r := startRuntime(t, dir)
-	cp := startPlugin(t, dir, r, plugin.Config{RMSocket: rm.socket, RMTimeout: 20 * time.Second})
+	_, rm, r, cp := startNode(t)
 	ctx := context.Background()
 	cases := []struct {
 		pod  string
