@@ -82,3 +82,4 @@ def test_a_group_registered_on_a_confined_busy_process_keeps_adapting(tmp_path, 
     log = d.log_text()
     fired = [line for line in log.splitlines() if "elastic group spin:" in line and " at " in line]
     assert any("allocate" in line for line in fired) and any("release" in line for line in fired), fired
+
