@@ -83,3 +83,30 @@ def test_a_group_registered_on_a_confined_busy_process_keeps_adapting(tmp_path, 
     fired = [line for line in log.splitlines() if "elastic group spin:" in line and " at " in line]
     assert any("allocate" in line for line in fired) and any("release" in line for line in fired), fired
 
+
+
+def test_a_busy_process_keeps_its_cpu_apart_from_a_group(tmp_path, spinner_cmd):
+    """The decision of docs/elastic.md (*Other busy processes beside a group*): an unregistered busy
+    process (a client such as pgbench) is kept on a CPU of its own, and the group does not grow into
+    it, even overloaded (t6: nothing left to give); once it is gone the group grows there."""
+    d = elastic_daemon(tmp_path)
+    stranger = start_spinner(["taskset", "-c", "1", *spinner_cmd], 1, "spin")
+    group = start_spinner(spinner_cmd, 3, "spin")  # two spinning workers: demand for both CPUs
+    try:
+        for tid in stranger.tids[1:]:
+            os.sched_setaffinity(tid, ALL)
+        with Client(str(d.path), app="beside") as c:
+            wait_until(lambda: f"confined busy process {stranger.pid} (spinner) to CPUs 1" in d.log_text(), 30,
+                       "the busy detector to confine the stranger to CPU 1")
+            c.register_unmanaged(pid=group.pid, name="spin", **DEMAND)
+            wait_until(lambda: c.execute_query("elastic_transition(spin, t6, _)", all_solutions=False), 15,
+                       "the overloaded group at its cap (t6)")
+            assert group_cores(c, "spin") == [0] and stranger.pid in busy_pids(c)
+            assert masks(group.pid) == {"0"} and masks(stranger.pid) == {"1"}
+            stranger.stop()
+            wait_until(lambda: group_cores(c, "spin") == ALL, 15, "the group to grow into the CPU left free")
+            wait_until(lambda: masks(group.pid) == {cpus_text(ALL)}, 5, "its threads on every CPU")
+    finally:
+        stranger.stop()
+        group.stop()
+        d.stop()
