@@ -1,7 +1,7 @@
 """Does an elastic group cost PostgreSQL throughput at full load?  A/B against all CPUs (issue 30).
 
     flock /tmp/cod-bench.lock .venv/bin/python bench/elastic_pg_ab.py [--rounds 5] [--duration 20]
-          [--configs all,elastic,elastic-nobusy,elastic-min-all,elastic-min-all-slow]
+          [--configs all,elastic,elastic-nobusy,elastic-min-all,elastic-min-all-slow,elastic-min-all-fewer-writes]
 
 pgbench select-only (``-S``) and TPC-B-like against a private PostgreSQL, in interleaved rounds
 (the configurations in order, then reversed, alternately), each run against the same server:
@@ -16,7 +16,10 @@ pgbench select-only (``-S``) and TPC-B-like against a private PostgreSQL, in int
 * ``elastic-min-all``: the group's floor is every CPU (suspect: the lead-in on one CPU and the
   grants; the periods, member following and SKB writes still run);
 * ``elastic-min-all-slow``: the same with 5 s periods (suspect: the daemon's periods and the SKB
-  writes they cause, ten times fewer).
+  writes they cause, ten times fewer);
+* ``elastic-min-all-fewer-writes``: every CPU, the default period, but the group's facts written
+  only when its cores, state or transitions change, not as its load moves (suspect: the SKB
+  writes alone).
 
 Each run prints one JSON line (config, workload, round, tps, latency, the daemon's CPU seconds,
 the group's cores at the end, the confinements the daemon logged, the load average before and
@@ -44,7 +47,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from helpers.postgres import Postgres  # noqa: E402
 
-CONFIGS = ("all", "elastic", "elastic-nobusy", "elastic-min-all", "elastic-min-all-slow")
+CONFIGS = ("all", "elastic", "elastic-nobusy", "elastic-min-all", "elastic-min-all-slow", "elastic-min-all-fewer-writes")
 WORKLOADS = {"select-only": ["-S"], "tpcb-like": []}
 CPUS = sorted(os.sched_getaffinity(0))
 
@@ -52,6 +55,9 @@ CPUS = sorted(os.sched_getaffinity(0))
 def daemon_flags(config: str) -> list[str]:
     if config == "elastic-nobusy":
         return ["--no-busy-detect"]
+    if config == "elastic-min-all-fewer-writes":  # the group's facts only when its cores, state or transitions change
+        return ["--busy-scope", f"descendants:{os.getpid()}", "--set", "elastic_facts_refresh_s=3600",
+                "--set", "elastic_facts_load_step=1000"]
     # Busy detection over this bench's own processes only (the server and pgbench are its
     # children): on a shared machine the default scope, every process, confines other users' work.
     return ["--busy-scope", f"descendants:{os.getpid()}"]
