@@ -444,7 +444,7 @@ def test_cod_shell_shows_the_groups_net(tmp_path, spawn):
                                                                         "provision"}
         assert {t for t, _ in g["transitions"]} == {"t0", "t7"}  # idle at its floor: keep the last CPU
         text = shell("-c", ":elastic", "-c", ":allocation")
-        assert "Elastic groups:" in text and re.search(r"pg\s+\|\s+pids \[" + str(sp.pid), text), text
+        assert "Elastic groups:" in text and re.search(r"^\s+pg: pids \[" + str(sp.pid) + r"\]$", text, re.M), text
         assert re.search(r"t0 t7", text) and re.search(r"\npg\s+\|", text[text.index("Allocation"):]), text
     finally:
         d.stop()
