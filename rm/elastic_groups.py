@@ -21,7 +21,7 @@ gone or ``deregister_unmanaged`` removes it; its connection may close.
   so a clean exit and the crash cleanup restore its processes as they do a task's.
 * **The SKB** holds the net's marking, state and last transitions
   (``elastic_*/N``, docs/skb-schema.md), written through the daemon's SKB writes
-  when they change (a steady group is rewritten at most every FACTS_REFRESH_S).
+  when they change (a steady group is rewritten at most every ``elastic_facts_refresh_s``).
 """
 
 from __future__ import annotations
@@ -54,8 +54,6 @@ from .service import ResourceManager
 log = logging.getLogger("cod.rm")
 
 HISTORY = 600  # periods kept per group (5 minutes at 0.5 s): deregister_unmanaged returns them
-FACTS_REFRESH_S = 2.0  # a group whose cores, state and transitions stay the same is rewritten at most this often
-LOAD_STEP = 5.0  # percentage points the load must move to be rewritten before that
 MIN_PERIOD_S = 0.1  # each period samples the group: a shorter one would cost more than it tells
 
 # What register_unmanaged accepts as settings (cod.rm.elastic.settings.ElasticSettings fields).
@@ -378,13 +376,16 @@ class ElasticGroups:
 
     def _write_facts(self, g: ManagedGroup, now: float) -> None:
         """Rewrite the group's facts when its cores, state or transitions changed, or its load
-        moved by LOAD_STEP points; a steady group at most every FACTS_REFRESH_S."""
+        moved by ``elastic_facts_load_step`` points; a steady group at most every
+        ``elastic_facts_refresh_s`` (the daemon's settings)."""
         state, load = g.runner.state, g.runner.last_load or 0.0
         if state is None or g.writing:
             return
         last = g.runner.history[-1] if g.runner.history else None
         key = (state.cpus, state.last.state if state.last else None, last.fired if last else ())
-        if key == g.facts_key and abs(load - g.facts_load) < LOAD_STEP and now - g.facts_at < FACTS_REFRESH_S:
+        cfg = self.rm.cfg
+        if (key == g.facts_key and abs(load - g.facts_load) < cfg.elastic_facts_load_step
+                and now - g.facts_at < cfg.elastic_facts_refresh_s):
             return
         facts = g.runner.facts()
         changed = {p: f for p, f in facts.items() if g.facts_written.get(p) != f}

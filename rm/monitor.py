@@ -221,7 +221,11 @@ class Monitor:
         if not self.confine:
             return
         planned = self.rm.publisher.planned_cpus()
+        members = self.rm.demands.members()
         for pid, other in self.rm.demands.busy().items():
+            if pid in members:  # it joined an elastic group: the group places it now, not this
+                self._unconfine(pid)
+                continue
             target = confinement_target(other, planned, self.all_cpus)
             if target is None:
                 self._unconfine(pid)

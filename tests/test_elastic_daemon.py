@@ -38,6 +38,11 @@ PERIOD = 0.2
 DEMAND = {"metric": "cpu_demand", "period_s": PERIOD, "mode": "dense"}
 
 
+# The fields of each period deregister_unmanaged returns (docs/protocol.md).
+PERIOD_KEYS = {"t", "at", "load", "cpu_s", "delay_s", "n_before", "n_after", "cpus", "action", "fired", "members",
+               "step_s", "step_cpu_s"}
+
+
 def cpus_text(cpus) -> str:
     from cod.rm.enforce.procfs import format_cpu_list
 
@@ -107,7 +112,10 @@ def test_cod_elastic_registers_and_removes_a_group(tmp_path, spawn):
             assert name in json.loads(cod_elastic(d, "--list").stdout)["elastic_groups"][0]["group"]
             # The group outlives the connection that registered it (cod elastic has exited).
             out = json.loads(cod_elastic(d, "--remove", "--pid", str(sp.pid)).stdout)
-            assert out["group"] == name and out["reason"] == "deregistered" and out["periods_kept"] >= 0
+            assert out["group"] == name and out["reason"] == "deregistered"
+            # What docs/protocol.md says deregister_unmanaged returns, unchanged: the periods kept.
+            assert isinstance(out["periods"], list) and "periods_kept" not in out
+            assert all(set(p) == PERIOD_KEYS for p in out["periods"]), out["periods"][:1]
             assert groups(c) == {}
             assert c.execute_query(f"elastic_group('{name}', _, _, _) ; allocated('{name}', _)") == []
         assert masks(sp.pid) == before, "removal gives every thread its mask back"
@@ -367,6 +375,22 @@ def test_a_uid_manages_its_own_processes_only(spawn):
             d.stop()
 
 
+@pytest.mark.skipif(not ROOT, reason="root registers another uid's process")
+def test_owner_uid_is_the_registering_peer_not_the_processes_owner(tmp_path):
+    """docs/protocol.md: ``owner_uid`` is the uid whose quotas the group counts against and who may remove
+    it: root registering a process of another uid (a postgres-owned postmaster) owns the group."""
+    d = elastic_daemon(tmp_path)
+    other = subprocess.Popen(["sleep", "300"], user=NOBODY)
+    try:
+        with Client(str(d.path)) as c:
+            g = c.register_unmanaged(pid=other.pid, name="theirs")
+            assert g["owner_uid"] == 0 and groups(c)["theirs"]["owner_uid"] == 0
+    finally:
+        other.kill()
+        other.wait()
+        d.stop()
+
+
 def test_after_a_crash_the_next_daemon_restores_the_groups_processes(tmp_path, spawn):
     sp = spawn(3, "sleep")
     before = masks(sp.pid)
@@ -420,7 +444,7 @@ def test_cod_shell_shows_the_groups_net(tmp_path, spawn):
                                                                         "provision"}
         assert {t for t, _ in g["transitions"]} == {"t0", "t7"}  # idle at its floor: keep the last CPU
         text = shell("-c", ":elastic", "-c", ":allocation")
-        assert "Elastic groups:" in text and re.search(r"pg\s+\|\s+pids \[" + str(sp.pid), text), text
+        assert "Elastic groups:" in text and re.search(r"^\s+pg: pids \[" + str(sp.pid) + r"\]$", text, re.M), text
         assert re.search(r"t0 t7", text) and re.search(r"\npg\s+\|", text[text.index("Allocation"):]), text
     finally:
         d.stop()

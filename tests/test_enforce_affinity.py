@@ -195,6 +195,29 @@ def test_release_restores_each_threads_original_mask(kind, state_dir, spawn):
 
 @two_cpus
 @pytest.mark.parametrize("kind", BACKENDS)
+def test_a_pid_applied_under_a_second_task_keeps_one_original(kind, state_dir, spawn):
+    """A busy process confined as other.PID that joins an elastic group (issue 30): the second task
+    takes the first one's record over, so releasing the first touches nothing, and releasing the
+    second gives back the mask from before either."""
+    task = spawn(3, "sleep")
+    os.sched_setaffinity(task.tids[1], [CPUS[0]])  # one thread's own mask
+    before = thread_masks(task.pid)
+    enf = make(kind, state_dir)
+    try:
+        enf.apply(f"other.{task.pid}", [task.pid], [CPUS[1]], [0])
+        enf.apply("group", [task.pid], [CPUS[0]], [0])
+        assert set(thread_masks(task.pid).values()) == {str(CPUS[0])}
+        assert enf.tasks()[f"other.{task.pid}"] == [] and enf.tasks()["group"] == [task.pid]
+        enf.release(f"other.{task.pid}")
+        assert set(thread_masks(task.pid).values()) == {str(CPUS[0])}, "the first task's release touched it"
+        enf.release("group")
+        assert thread_masks(task.pid) == before
+    finally:
+        enf.close()
+
+
+@two_cpus
+@pytest.mark.parametrize("kind", BACKENDS)
 def test_pid_dropped_from_a_task_gets_its_own_mask_back(kind, state_dir, spawn):
     a, b = spawn(2, "sleep"), spawn(2, "sleep")
     before_a = thread_masks(a.pid)

@@ -8,7 +8,8 @@
 
 Registering returns at once: the daemon manages the group (the pids and their
 future children, or every process of the cgroup) until all its processes
-have exited or ``--remove`` is given.  Each command prints one JSON object.
+have exited or ``--remove`` is given.  Each command prints one JSON object: the method's result as
+docs/protocol.md gives it (``--remove``: the group, the reason and the periods kept).
 """
 
 from __future__ import annotations
@@ -98,8 +99,6 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(str(err)) from None
     if args.list:
         result = {"elastic_groups": result.get("elastic_groups", [])}
-    elif args.remove:
-        result = {k: v for k, v in result.items() if k != "periods"} | {"periods_kept": len(result.get("periods", []))}
     json.dump(result, sys.stdout)
     print()
     return 0

@@ -49,6 +49,10 @@ class RecordingEnforcer:
         old = rec.procs.get(pid)
         if old is not None and procfs.same_process(pid, old.start, self.proc):
             return old
+        taken = self._take_over(task, pid)
+        if taken is not None:
+            rec.procs[pid] = taken
+            return taken
         try:
             st = procfs.read_stat(pid, proc=self.proc)
             affinity = tuple(sorted(os.sched_getaffinity(pid)))
@@ -67,6 +71,25 @@ class RecordingEnforcer:
                          cpuset=self._original_cgroup(pid))
         rec.procs[pid] = new
         return new
+
+    def _take_over(self, task: str, pid: int) -> ProcRecord | None:
+        """``pid``'s record under another task, moved out of it (None when there is none).
+
+        One process has one original: a busy process the RM confined (``other.PID``) that
+        joins an elastic group keeps the mask it had before COD touched it, and releasing the
+        confinement afterwards no longer restores that mask over the group's (issue 30)."""
+        for name, other in self.state.tasks.items():
+            if name == task:
+                continue
+            prec = other.procs.get(pid) or other.children.get(pid)
+            if prec is None or not procfs.same_process(pid, prec.start, self.proc):
+                continue
+            other.procs.pop(pid, None)
+            other.children.pop(pid, None)
+            log.info("pid %d moves from task %s to task %s (its original affinity %s goes with it)",
+                     pid, name, task, procfs.format_cpu_list(prec.affinity))
+            return prec
+        return None
 
     def _original_cgroup(self, pid: int) -> str | None:
         return None  # cpuset backends say where the process was
