@@ -98,7 +98,11 @@ class Sessions:
                 await self.forget_task(task, "client disconnected")
         app = conn.app
         if app is not None:
-            await self._leave_app(app, conn.id)
+            # Under the uid's write lock: a registration into the same application by a new connection
+            # of that uid (a client that reconnects) must not be evaluated while the engine releases
+            # the application (it saw the namespace half released: "the query has no solution").
+            async with self.knowledge.uid_lock(conn.peer.uid):
+                await self._leave_app(app, conn.id)
         if gone:
             self.schedule(f"task {gone[0].name} left" if len(gone) == 1 else f"{len(gone)} tasks left")
 

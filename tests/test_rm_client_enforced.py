@@ -60,3 +60,39 @@ def test_only_privileged_clients_may_enforce_their_tasks():
             assert as_user(NOBODY, _unprivileged_client_enforced, d.path) == 0
         finally:
             d.stop()
+
+
+LISTING3_FACTS = ["db_ntuple(30000000)", "db_tsize(315)", "db_nquery(2048)", "db_nupdate(0)", "db_rtime(2000)"]
+
+
+def _no_tasks(path):
+    w = RawConn(path)
+    w.hello("watcher")
+    deadline = time.monotonic() + 30
+    while w.call("list_tasks", {})["result"]["tasks"]:
+        assert time.monotonic() < deadline, "a task outlived its connection"
+        time.sleep(0.001)
+    w.close()
+
+
+@pytest.mark.slow
+def test_a_client_that_reconnects_registers_into_its_application_again(tmp_path):
+    """The NRI plugin restarted: each container's new connection registers into the application its
+    old connection is leaving.  The registration's derived min_cores was evaluated while the engine
+    released the application, and 1 in 20 saw "the query has no solution"."""
+    with open(os.path.join(os.path.dirname(__file__), "..", "stored_procedures", "examples",
+                           "cscs_cost_fn.pl")) as f:
+        procedure = f.read()
+    params = {"name": "db/a/db", "enforced_by": "client", "facts": LISTING3_FACTS, "procedures": [procedure],
+              "properties": {key: {"query": "dbos_cost_function(_, N, _)", "var": "N"} for key in ("min_cores", "max_cores")}}
+    d = start_daemon(tmp_path, "--machine", "magnycours")  # no debug log: it hides the race
+    try:
+        for attempt in range(60):
+            c = RawConn(d.path)
+            c.hello("db/a/db")
+            r = c.call("register_task", params)
+            assert "result" in r and len(r["result"]["allocation"]["cores"]) == 8, (attempt, r)
+            c.close()
+            _no_tasks(d.path)  # the task has gone; its application may still be leaving
+    finally:
+        d.stop()
