@@ -34,6 +34,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -219,75 +220,113 @@ def main() -> int:
     if ncpus < 2:
         print("demo: needs at least 2 CPUs (one for the stressor, one for CSCS)", file=sys.stderr)
         return 1
-
-    tmp = Path(tempfile.mkdtemp(prefix="cod-demo-"))
-    parent = f"cod_demo_{os.getpid()}"
-    rm = cscs = stressor = observer = None
+    demo = Demo(t0, args)
     rc = 1
     try:
-        # 1. Calibration: the cost function of Section 4.4 with this machine's constants.
-        cost_fn = tmp / "cost_fn.pl"
+        rc = demo.run()
+    finally:
+        if demo.clean_up():
+            rc = 1
+    return rc
+
+
+class Demo:
+    """Steps 1-6 of the story, and what they started (stopped by `clean_up`, and nothing else)."""
+
+    def __init__(self, t0: float, args: argparse.Namespace) -> None:
+        self.t0 = t0
+        self.args = args
+        self.tmp = Path(tempfile.mkdtemp(prefix="cod-demo-"))
+        self.parent = f"cod_demo_{os.getpid()}"
+        self.rm: subprocess.Popen | None = None
+        self.cscs: subprocess.Popen | None = None
+        self.stressor: subprocess.Popen | None = None
+        self.observer: Any = None  # cod.client.Client, imported once the RM is up
+        self.events: "queue.Queue[tuple[float, str, dict]]" = queue.Queue()
+        self.out = CscsOutput()
+        self.timings: dict[str, dict[str, float]] = {}
+
+    def run(self) -> int:
+        cost_fn = self.calibrate()
+        if cost_fn is None:
+            return 1
+        sock = self.start_rm()
+        if not self.start_cscs(cost_fn, sock):
+            return 1
+        t_stress = self.stressor_arrives()
+        t_gone = self.stressor_stops(t_stress)
+        return self.report(t_stress, t_gone)
+
+    def calibrate(self) -> Path | None:
+        """1. Calibration: the cost function of Section 4.4 with this machine's constants."""
+        cost_fn = self.tmp / "cost_fn.pl"
         cal = subprocess.run([str(CSCS), "calibrate", "--tuples-per-core", "250k,1M", "--requests", "640,2560",
                               "--batches", "3", "--out", str(cost_fn)], capture_output=True, text=True)
         if cal.returncode != 0:
             print(cal.stderr, file=sys.stderr)
-            return 1
+            return None
         fit = cal.stdout.strip().splitlines()[-1]
-        say(t0, f"calibrated CSCS on this machine: {fit}")
+        say(self.t0, f"calibrated CSCS on this machine: {fit}")
+        return cost_fn
 
-        # 2. The RM.
+    def start_rm(self) -> Path:
+        """2. The RM, and an observer client following the stressor's facts and CSCS's allocation."""
         t_rm = time.time()
-        rm, sock = start_rm(tmp, parent)
+        self.rm, sock = start_rm(self.tmp, self.parent)
         from cod.client import Client
 
-        events: "queue.Queue[tuple[float, str, dict]]" = queue.Queue()
-        observer = Client(str(sock), app="demo-observer")
-        info = observer.server_info
-        say(t0, f"the RM is up in {time.time() - t_rm:.2f} s: machine {info.get('machine')}, "
-                f"enforcement {info.get('enforce_mode')}, socket {sock}")
-        observer.subscribe("facts_changed", {"predicate": "other_task"},
-                           lambda e: events.put((time.time(), "facts", e)))
-        observer.subscribe("allocation_changed", {"task": NAME},
-                           lambda e: events.put((time.time(), "alloc", e)))
+        events = self.events
+        self.observer = Client(str(sock), app="demo-observer")
+        info = self.observer.server_info
+        say(self.t0, f"the RM is up in {time.time() - t_rm:.2f} s: machine {info.get('machine')}, "
+                     f"enforcement {info.get('enforce_mode')}, socket {sock}")
+        self.observer.subscribe("facts_changed", {"predicate": "other_task"},
+                                lambda e: events.put((time.time(), "facts", e)))
+        self.observer.subscribe("allocation_changed", {"task": NAME},
+                                lambda e: events.put((time.time(), "alloc", e)))
+        return sock
 
-        # 3. CSCS registers and runs.
+    def start_cscs(self, cost_fn: Path, sock: Path) -> bool:
+        """3. CSCS registers and runs its closed loop of batches for a phase."""
+        args, out = self.args, self.out
         total = 3 * args.phase_seconds + 120  # a bound: the demo stops it with SIGTERM
-        out = CscsOutput()
-        cscs = subprocess.Popen([str(CSCS), "run", "--tuples", args.tuples, "--seconds", f"{total:g}",
-                                 "--sla-ms", f"{args.sla_ms:g}", "--cost-fn", str(cost_fn), "--socket", str(sock),
-                                 "--name", NAME],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
-        reader = threading.Thread(target=out.read, args=(cscs.stdout,), daemon=True)
-        reader.start()
+        self.cscs = subprocess.Popen([str(CSCS), "run", "--tuples", args.tuples, "--seconds", f"{total:g}",
+                                      "--sla-ms", f"{args.sla_ms:g}", "--cost-fn", str(cost_fn), "--socket",
+                                      str(sock), "--name", NAME],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        self.reader = threading.Thread(target=out.read, args=(self.cscs.stdout,), daemon=True)
+        self.reader.start()
         t_reg = time.time()
         for pattern in (r"^# cod: deployment derived", r"^# cod: registered", r"^# table generated"):
             got = wait_note(out, pattern, 60)
             if not got:
                 print("\n".join(out.all), file=sys.stderr)
                 print("demo: CSCS did not start under COD", file=sys.stderr)
-                return 1
-            say(t0, got[1].lstrip("# "), got[0])
+                return False
+            say(self.t0, got[1].lstrip("# "), got[0])
         deadline = time.monotonic() + 30
         while not out.batches and time.monotonic() < deadline:
             time.sleep(0.01)
         t_first = out.batches[0].wall if out.batches else time.time()
-        say(t0, f"CSCS runs its closed loop of batches ({time.time() - t_reg:.2f} s after it started)", t_first)
+        say(self.t0, f"CSCS runs its closed loop of batches ({time.time() - t_reg:.2f} s after it started)", t_first)
         time.sleep(args.phase_seconds)
+        return True
 
-        # 4. The stressor arrives.
+    def stressor_arrives(self) -> float:
+        """4. The stressor arrives: the RM detects it, confines it and takes its CPU from CSCS."""
+        events, t0 = self.events, self.t0
         while not events.empty():
             events.get()
         t_stress = time.time()
-        stressor = subprocess.Popen([sys.executable, "-c", STRESSOR])
-        say(t0, f"a CPU stressor starts (pid {stressor.pid}, unregistered, 1 core of work)", t_stress)
-        timings: dict[str, dict[str, float]] = {}
+        self.stressor = subprocess.Popen([sys.executable, "-c", STRESSOR])
+        say(t0, f"a CPU stressor starts (pid {self.stressor.pid}, unregistered, 1 core of work)", t_stress)
         confined: list[tuple[float, str]] = []
-        watcher = threading.Thread(target=watch_affinity, args=(stressor, confined), daemon=True)
+        watcher = threading.Thread(target=watch_affinity, args=(self.stressor, confined), daemon=True)
         watcher.start()
         steps: list[tuple[float, str]] = []
         got = wait_event(events, "facts", lambda e: e.get("op") == "add", 15)
         if got:
-            timings["arrival"] = {"detected_s": got[0] - t_stress}
+            self.timings["arrival"] = {"detected_s": got[0] - t_stress}
             steps.append((got[0], f"the RM detects it as an unregistered busy process ({got[0] - t_stress:.3f} s "
                                   f"after it started: busy over its sampling window)"))
         up = wait_event(events, "alloc", lambda e: bool(e.get("removed")), 15)
@@ -296,34 +335,42 @@ def main() -> int:
                                  f"from CSCS (epoch {up[1]['epoch']}, deadline {up[1].get('deadline_s')} s): "
                                  f"{up[1].get('reason')}"))
         watcher.join(5)
-        timings.setdefault("arrival", {}).update(react(t0, out, "the stressor started", t_stress, steps + confined))
-        time.sleep(max(0.0, t_stress + args.phase_seconds - time.time()))
+        self.timings.setdefault("arrival", {}).update(
+            react(t0, self.out, "the stressor started", t_stress, steps + confined))
+        time.sleep(max(0.0, t_stress + self.args.phase_seconds - time.time()))
+        return t_stress
 
-        # 5. The stressor stops.
-        while not events.empty():
-            events.get()
+    def stressor_stops(self, t_stress: float) -> float:
+        """5. The stressor stops: CSCS gets its CPU back the same way."""
+        assert self.stressor is not None
+        while not self.events.empty():
+            self.events.get()
         t_gone = time.time()
-        stressor.send_signal(signal.SIGKILL)
-        stressor.wait()
-        say(t0, "the stressor stops", t_gone)
-        up = wait_event(events, "alloc", lambda e: bool(e.get("added")), 15)
+        self.stressor.send_signal(signal.SIGKILL)
+        self.stressor.wait()
+        say(self.t0, "the stressor stops", t_gone)
+        up = wait_event(self.events, "alloc", lambda e: bool(e.get("added")), 15)
         steps = []
         if up:
             steps.append((up[0], f"the RM gives CPU {','.join(map(str, up[1]['added']))} back to CSCS "
                                  f"(epoch {up[1]['epoch']}, {up[0] - t_gone:.3f} s after the stressor stopped): "
                                  f"{up[1].get('reason')}"))
-        timings["departure"] = react(t0, out, "the stressor stopped", t_gone, steps)
+        self.timings["departure"] = react(self.t0, self.out, "the stressor stopped", t_gone, steps)
+        return t_gone
 
-        # 6. The rest of the run, then the figures.
+    def report(self, t_stress: float, t_gone: float) -> int:
+        """6. The rest of the run, then the figures; 0 when CSCS ended well and acked its upcall."""
+        args, out, timings, cscs = self.args, self.out, self.timings, self.cscs
+        assert cscs is not None
         time.sleep(max(0.0, t_gone + args.phase_seconds - time.time()))
         cscs.send_signal(signal.SIGTERM)  # ends after the batch in progress, deregisters, prints its summary
         try:
             cscs.wait(timeout=60)
         except subprocess.TimeoutExpired:
             cscs.kill()
-        reader.join(5)
+        self.reader.join(5)
         t_end = time.time()
-        say(t0, f"CSCS finished ({cscs.returncode == 0 and 'exit 0' or f'exit {cscs.returncode}'})")
+        say(self.t0, f"CSCS finished ({cscs.returncode == 0 and 'exit 0' or f'exit {cscs.returncode}'})")
         moved = timings.get("arrival", {}).pop("reconfigured_at", t_gone)
         back = timings.get("departure", {}).pop("reconfigured_at", t_gone)
         print("== batch response times (batches of 2048 queries + 512 updates; "
@@ -342,23 +389,25 @@ def main() -> int:
             print(f"  {phase}: " + ", ".join(f"{k} {v:.3f}" if k.endswith("_s") else f"{k} {v:.1f}"
                                               for k, v in t.items()))
         print("== what the RM logged", flush=True)
-        for line in (tmp / "rm.log").read_text().splitlines():
+        for line in (self.tmp / "rm.log").read_text().splitlines():
             if re.search(r"epoch \d+ \(|busy process|confined|released|left", line):
                 print("  " + line.split(" ", 2)[2] if line[:2] == "20" else "  " + line)
         missed = sum(1 for b in out.batches if b.rt_ms > args.sla_ms)
-        print(f"  demo took {t_end - t0:.1f} s; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())};"
+        print(f"  demo took {t_end - self.t0:.1f} s; load average now {' '.join(f'{x:.2f}' for x in os.getloadavg())};"
               f" {missed} batches missed the SLA", flush=True)
-        rc = 0 if cscs.returncode == 0 and "upcall_to_ack_ms" in timings.get("arrival", {}) else 1
-    finally:
-        # Everything this demo started, and nothing else.
+        return 0 if cscs.returncode == 0 and "upcall_to_ack_ms" in timings.get("arrival", {}) else 1
+
+    def clean_up(self) -> bool:
+        """Everything this demo started, and nothing else; True when a cgroup was left behind."""
+        stressor, cscs, rm, tmp, parent = self.stressor, self.cscs, self.rm, self.tmp, self.parent
         if stressor is not None and stressor.poll() is None:
             stressor.kill()
             stressor.wait()
         if cscs is not None and cscs.poll() is None:
             cscs.kill()
             cscs.wait()
-        if observer is not None:
-            observer.close()
+        if self.observer is not None:
+            self.observer.close()
         if rm is not None and rm.poll() is None:
             rm.send_signal(signal.SIGTERM)
             try:
@@ -371,9 +420,7 @@ def main() -> int:
         print(f"== cleaned up: stressor, CSCS and the RM stopped (RM exit {rm.returncode if rm else '-'}), "
               f"{tmp} removed, cgroup parent {parent} {'LEFT: ' + ', '.join(map(str, left)) if left else 'removed'}",
               flush=True)
-        if left:
-            rc = 1
-    return rc
+        return bool(left)
 
 
 def watch_affinity(proc: subprocess.Popen, out: list[tuple[float, str]], timeout: float = 20.0) -> None:

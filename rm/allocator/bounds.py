@@ -154,6 +154,37 @@ def _relaxed_bound(
     if any(t.min_cores > effective_max(t, view) for t in tasks):
         return None  # more than the machine has
     m, X, pool = relaxation(view, tasks)
+    o2 = _o2_bound(view, tasks, m, X, time_limit_s)
+    if not isinstance(o2, tuple):
+        return o2
+    u, hint = o2
+    spread_terms, span, const = _o3_spans(view, tasks, m, X)
+    if pool is not None:
+        _pool_cover_cuts(view, tasks, m, X, pool, span)
+    for name, v in hint.items():
+        m.add_hint(X[name], v)
+    spread_lb = const
+    totals = hint
+    if spread_terms:
+        m.minimize(sum(spread_terms))
+        solver = _solver(deadline - time.perf_counter())
+        st = solver.solve(m)
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return RelaxedBound(u, const + len(spread_terms), _gone(view, tasks, current), hint)
+        spread_lb = const + math.ceil(solver.best_objective_bound - 1e-6)
+        totals = {name: int(solver.value(v)) for name, v in X.items()}
+        if st != cp_model.OPTIMAL:  # a bound, not an optimum: O4 is left at its trivial bound
+            return RelaxedBound(u, spread_lb, 0, totals)
+        m.add(sum(spread_terms) == spread_lb - const)
+    if not current:
+        return RelaxedBound(u, spread_lb, 0, totals)
+    return _o4_bound(view, tasks, current, m, X, deadline, RelaxedBound(u, spread_lb, 0, totals))
+
+
+def _o2_bound(view: View, tasks: Sequence[TaskSpec], m: cp_model.CpModel, X: dict[str, cp_model.IntVar],
+              time_limit_s: float) -> tuple[tuple[int, ...], dict[str, int]] | None | str:
+    """O2, lexicographic per priority level: (its optimum, fixed in ``m``, and the totals that reach
+    it); None when infeasible, "unknown" when not proven within the time limit."""
     levels = priority_levels(tasks)
     sums = [sum(X[t.name] for t in tasks if t.priority == p) for p in levels]
     caps = [sum(effective_max(t, view) for t in tasks if t.priority == p) for p in levels]
@@ -170,9 +201,14 @@ def _relaxed_bound(
     u = tuple(int(solver.value(e)) for e in sums)
     for e, v in zip(sums, u):
         m.add(e == v)
-    hint = {name: int(solver.value(v)) for name, v in X.items()}
+    return u, {name: int(solver.value(v)) for name, v in X.items()}
 
-    # O3: per sensitive task, nodes / domains spanned >= fewest holding X_t.
+
+def _o3_spans(view: View, tasks: Sequence[TaskSpec], m: cp_model.CpModel, X: dict[str, cp_model.IntVar],
+              ) -> tuple[list[cp_model.LinearExprT], dict[tuple[str, str], cp_model.LinearExprT], int]:
+    """O3: per sensitive task, nodes / domains spanned >= fewest holding X_t.  Returns the span
+    variables to minimise, every span by (task, "numa"/"cache") (a variable D_t, or 1), and the
+    count of spans that are 1 whatever the task's total."""
     tcaps = task_caps(view, tasks)
     spread_terms: list[cp_model.LinearExprT] = []
     span: dict[tuple[str, str], cp_model.LinearExprT] = {}  # (task, "numa"/"cache") -> D_t, or 1
@@ -200,26 +236,14 @@ def _relaxed_bound(
                     m.add(X[t.name] <= prefix[k] + size * (d - k))
             spread_terms.append(d)
             span[t.name, key] = d
-    if pool is not None:
-        _pool_cover_cuts(view, tasks, m, X, pool, span)
-    for name, v in hint.items():
-        m.add_hint(X[name], v)
-    spread_lb = const
-    totals = hint
-    if spread_terms:
-        m.minimize(sum(spread_terms))
-        solver = _solver(deadline - time.perf_counter())
-        st = solver.solve(m)
-        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            return RelaxedBound(u, const + len(spread_terms), _gone(view, tasks, current), hint)
-        spread_lb = const + math.ceil(solver.best_objective_bound - 1e-6)
-        totals = {name: int(solver.value(v)) for name, v in X.items()}
-        if st != cp_model.OPTIMAL:  # a bound, not an optimum: O4 is left at its trivial bound
-            return RelaxedBound(u, spread_lb, 0, totals)
-        m.add(sum(spread_terms) == spread_lb - const)
-    if not current:
-        return RelaxedBound(u, spread_lb, 0, totals)
-    # O4: CPUs beyond a task's total must move.
+    return spread_terms, span, const
+
+
+def _o4_bound(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
+              m: cp_model.CpModel, X: dict[str, cp_model.IntVar], deadline: float,
+              so_far: RelaxedBound) -> RelaxedBound:
+    """O4: CPUs beyond a task's total must move (``m`` has O2 and O3 fixed; ``so_far`` is the
+    bound with them and the totals that reach them)."""
     avail = set(view.cpus)
     gone = _gone(view, tasks, current)
     move_terms = []
@@ -232,6 +256,7 @@ def _relaxed_bound(
             mv = m.new_int_var(0, here, f"M{t.name}")
             m.add(mv >= here - X[t.name])
             move_terms.append(mv)
+    u, spread_lb, totals = so_far.levels, so_far.spread, so_far.totals
     if not move_terms:
         return RelaxedBound(u, spread_lb, gone, totals)
     m.clear_hints()

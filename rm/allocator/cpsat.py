@@ -83,163 +83,215 @@ class _Model:
     tail: list[tuple[cp_model.LinearExprT, int]] = field(default_factory=list)
 
 
+@dataclass
+class _Builder:
+    """The count model while it is built: the variables each constraint group reads."""
+
+    view: View
+    tasks: Sequence[TaskSpec]
+    current: Mapping[str, Sequence[int]]
+    m: cp_model.CpModel = field(default_factory=cp_model.CpModel)
+    x: dict[tuple[str, int], cp_model.IntVar] = field(default_factory=dict)
+    c: dict[tuple[str, int], cp_model.IntVar] = field(default_factory=dict)
+    pool: dict[int, cp_model.IntVar] = field(default_factory=dict)
+    kept: list[cp_model.IntVar] = field(default_factory=list)  # of registered tasks (O4)
+    kept_of: dict[str, list[cp_model.IntVar]] = field(default_factory=dict)
+    kept_at: dict[tuple[str, int], cp_model.IntVar] = field(default_factory=dict)
+    total_current: int = 0
+    y: dict[tuple[str, int], cp_model.IntVar] = field(default_factory=dict)  # t uses domain d
+    z: dict[tuple[str, int], cp_model.IntVar] = field(default_factory=dict)  # t uses node n
+
+    def __post_init__(self) -> None:
+        self.class_of = {c: g.index for g in self.view.classes for c in g.cpus}
+        self.others = [t for t in self.tasks if is_other(t)]
+        self.polluters = [t for t in self.tasks if t.pollutes_cache]
+        self.cache_sens = [t for t in self.tasks if "cache" in t.sensitive]
+        self.numa_sens = [t for t in self.tasks if "numa" in t.sensitive]
+
+
 def _build(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]]) -> _Model:
-    m = cp_model.CpModel()
-    G = view.classes
-    class_of = {c: g.index for g in G for c in g.cpus}
-    x: dict[tuple[str, int], cp_model.IntVar] = {}
-    c: dict[tuple[str, int], cp_model.IntVar] = {}
-    kept: list[cp_model.IntVar] = []
-    kept_of: dict[str, list[cp_model.IntVar]] = {}
-    kept_at: dict[tuple[str, int], cp_model.IntVar] = {}
-    total_current = 0
-    shared = [t for t in tasks if not t.exclusive]
-    pool = {g.index: m.new_int_var(0, g.size, f"s{g.index}") for g in G} if shared else {}
-    others = [t for t in tasks if is_other(t)]
-
+    b = _Builder(view, tasks, current)
+    if any(not t.exclusive for t in tasks):
+        b.pool = {g.index: b.m.new_int_var(0, g.size, f"s{g.index}") for g in view.classes}
     for t in tasks:
-        hi = effective_max(t, view)
-        cur_in: dict[int, int] = {}
-        for cpu in current.get(t.name, ()):
-            if cpu in class_of:
-                cur_in[class_of[cpu]] = cur_in.get(class_of[cpu], 0) + 1
-        if not is_other(t):
-            total_current += sum(cur_in.values())
-        allowed = view.allowed_classes(t.allowed) if is_other(t) else None  # C7
-        for g in G:
-            v = m.new_int_var(0, min(g.size, hi) if allowed is None or g.index in allowed else 0,
-                              f"x{t.name}_{g.index}")
-            x[t.name, g.index] = v
-            if is_e1(t) and g.threads > 1:
-                cv = m.new_int_var(0, len(g.cores), f"c{t.name}_{g.index}")
-                c[t.name, g.index] = cv
-                m.add(cv <= v)
-                m.add(v <= g.threads * cv)
-            if not t.exclusive:
-                m.add(v <= pool[g.index])
-            if cur_in.get(g.index):
-                kv = m.new_int_var(0, cur_in[g.index], f"k{t.name}_{g.index}")
-                m.add(kv <= v)
-                kept_of.setdefault(t.name, []).append(kv)
-                kept_at[t.name, g.index] = kv
-                if not is_other(t):
-                    kept.append(kv)
-        m.add_linear_constraint(sum(x[t.name, g.index] for g in G), t.min_cores, hi)  # C2
+        _task_vars(b, t)
+    _kept_of_shared_cpus(b)
+    _c3_c6_class_capacity(b)
+    _c4_node_memory(b)
+    _usage_indicators(b)
+    _c5_cache_rule(b)
+    levels, caps = _o2_levels(b)
+    spread = [b.z[t.name, n] for t in b.numa_sens for n in view.nodes] + \
+        [b.y[t.name, d] for t in b.cache_sens for d in range(view.n_domains)]
+    tail = _o5_o7_other_terms(b) if b.others else []
+    return _Model(b.m, b.x, b.c, b.pool, levels, caps, sum(spread) if spread else 0, len(spread),
+                  sum(b.kept) if b.kept else 0, b.total_current, tail)
 
-    # A CPU two tasks hold now (a current allocation from elsewhere, or tasks
-    # changed) can be kept by both only if both are shareable: per class, the
-    # total kept is at most what the CPUs held now can give.  Without it every
-    # count vector claimed one kept CPU too many and the exactness loop of
-    # solve_counts excluded vectors until the time limit (14 in 1 s on a
-    # MagnyCours family instance).
+
+def _task_vars(b: _Builder, t: TaskSpec) -> None:
+    """x, c and kept of task t in each class; C3+C6's per-task links (c <= x <= k*c for E1, x <= s
+    for S), C7 (an other's allowed classes) and C2 (min_t <= sum_g x[t,g] <= max_t)."""
+    m, view = b.m, b.view
+    hi = effective_max(t, view)
+    cur_in: dict[int, int] = {}
+    for cpu in b.current.get(t.name, ()):
+        if cpu in b.class_of:
+            cur_in[b.class_of[cpu]] = cur_in.get(b.class_of[cpu], 0) + 1
+    if not is_other(t):
+        b.total_current += sum(cur_in.values())
+    allowed = view.allowed_classes(t.allowed) if is_other(t) else None  # C7
+    for g in view.classes:
+        v = m.new_int_var(0, min(g.size, hi) if allowed is None or g.index in allowed else 0,
+                          f"x{t.name}_{g.index}")
+        b.x[t.name, g.index] = v
+        if is_e1(t) and g.threads > 1:
+            cv = m.new_int_var(0, len(g.cores), f"c{t.name}_{g.index}")
+            b.c[t.name, g.index] = cv
+            m.add(cv <= v)
+            m.add(v <= g.threads * cv)
+        if not t.exclusive:
+            m.add(v <= b.pool[g.index])
+        if cur_in.get(g.index):
+            kv = m.new_int_var(0, cur_in[g.index], f"k{t.name}_{g.index}")
+            m.add(kv <= v)
+            b.kept_of.setdefault(t.name, []).append(kv)
+            b.kept_at[t.name, g.index] = kv
+            if not is_other(t):
+                b.kept.append(kv)
+    m.add_linear_constraint(sum(b.x[t.name, g.index] for g in view.classes), t.min_cores, hi)  # C2
+
+
+def _kept_of_shared_cpus(b: _Builder) -> None:
+    """A CPU two tasks hold now (a current allocation from elsewhere, or tasks
+    changed) can be kept by both only if both are shareable: per class, the
+    total kept is at most what the CPUs held now can give.  Without it every
+    count vector claimed one kept CPU too many and the exactness loop of
+    solve_counts excluded vectors until the time limit (14 in 1 s on a
+    MagnyCours family instance)."""
     holders: dict[int, list[TaskSpec]] = {}
-    for t in tasks:
-        for cpu in set(current.get(t.name, ())):
-            if cpu in class_of:
+    for t in b.tasks:
+        for cpu in set(b.current.get(t.name, ())):
+            if cpu in b.class_of:
                 holders.setdefault(cpu, []).append(t)
-    if any(len(h) > 1 for h in holders.values()):
-        can_keep: dict[int, int] = {}
-        held_in: dict[int, int] = {}
-        for cpu, hs in holders.items():
-            gi = class_of[cpu]
-            shared_h = sum(1 for t in hs if not t.exclusive)
-            can_keep[gi] = can_keep.get(gi, 0) + (len(hs) if shared_h == len(hs) else max(1, shared_h))
-            held_in[gi] = held_in.get(gi, 0) + len(hs)
-        for gi, cap in can_keep.items():
-            if cap < held_in[gi]:
-                m.add(sum(kv for (name, g_i), kv in kept_at.items() if g_i == gi) <= cap)
+    if not any(len(h) > 1 for h in holders.values()):
+        return
+    can_keep: dict[int, int] = {}
+    held_in: dict[int, int] = {}
+    for cpu, hs in holders.items():
+        gi = b.class_of[cpu]
+        shared_h = sum(1 for t in hs if not t.exclusive)
+        can_keep[gi] = can_keep.get(gi, 0) + (len(hs) if shared_h == len(hs) else max(1, shared_h))
+        held_in[gi] = held_in.get(gi, 0) + len(hs)
+    for gi, cap in can_keep.items():
+        if cap < held_in[gi]:
+            b.m.add(sum(kv for (name, g_i), kv in b.kept_at.items() if g_i == gi) <= cap)
 
-    for g in G:  # C3 + C6
+
+def _c3_c6_class_capacity(b: _Builder) -> None:
+    """C3 + C6, per class g: sum_E1 k*c + sum_E2 x + s <= k*n."""
+    for g in b.view.classes:
         load = []
-        for t in tasks:
+        for t in b.tasks:
             if not t.exclusive:
                 continue
-            if (t.name, g.index) in c:
-                load.append(g.threads * c[t.name, g.index])
+            if (t.name, g.index) in b.c:
+                load.append(g.threads * b.c[t.name, g.index])
             else:
-                load.append(x[t.name, g.index])
-        if shared:
-            load.append(pool[g.index])
+                load.append(b.x[t.name, g.index])
+        if b.pool:
+            load.append(b.pool[g.index])
         if load:
-            m.add(sum(load) <= g.size)
+            b.m.add(sum(load) <= g.size)
 
-    # C4, divided by the gcd of the working sets: same solutions, small coefficients.
+
+def _c4_node_memory(b: _Builder) -> None:
+    """C4, per node N with known free memory: sum_t ws_t * sum_{g on N} x[t,g] <= free_N,
+    divided by the gcd of the working sets: same solutions, small coefficients."""
+    tasks, G = b.tasks, b.view.classes
     unit = math.gcd(*(t.working_set_bytes for t in tasks))
-    for node, free in view.node_free.items():
+    for node, free in b.view.node_free.items():
         if free is None or not unit:
             continue
         node_size = sum(g.size for g in G if g.node == node)
         if sum(t.working_set_bytes for t in tasks) * node_size <= free:
             continue  # cannot bind
-        m.add(sum(t.working_set_bytes // unit * x[t.name, g.index]
-                  for t in tasks if t.working_set_bytes for g in G if g.node == node) <= free // unit)
+        b.m.add(sum(t.working_set_bytes // unit * b.x[t.name, g.index]
+                    for t in tasks if t.working_set_bytes for g in G if g.node == node) <= free // unit)
 
-    # Usage indicators for sensitive tasks (O3) and the cache rule (C5).
-    polluters = [t for t in tasks if t.pollutes_cache]
-    cache_sens = [t for t in tasks if "cache" in t.sensitive]
-    numa_sens = [t for t in tasks if "numa" in t.sensitive]
-    need_y = {t.name for t in cache_sens}
-    if cache_sens:
-        need_y |= {t.name for t in polluters} | {t.name for t in others}
-    y: dict[tuple[str, int], cp_model.IntVar] = {}
-    z: dict[tuple[str, int], cp_model.IntVar] = {}
-    for t in tasks:
+
+def _usage_indicators(b: _Builder) -> None:
+    """y[t,dom] and z[t,node] for sensitive tasks (O3) and the cache rule (C5), linked:
+    x[t,g] <= min(k*n, max_t) * y[t,dom(g)], and likewise with z[t,node(g)]."""
+    m, view = b.m, b.view
+    need_y = {t.name for t in b.cache_sens}
+    if b.cache_sens:
+        need_y |= {t.name for t in b.polluters} | {t.name for t in b.others}
+    for t in b.tasks:
         if t.name in need_y:
             for d in range(view.n_domains):
-                gs = [g for g in G if g.domain == d]
+                gs = [g for g in view.classes if g.domain == d]
                 yv = m.new_bool_var(f"y{t.name}_{d}")
-                y[t.name, d] = yv
+                b.y[t.name, d] = yv
                 for g in gs:
-                    m.add(x[t.name, g.index] <= min(g.size, effective_max(t, view)) * yv)
-        if "numa" in t.sensitive or (is_other(t) and numa_sens):
+                    m.add(b.x[t.name, g.index] <= min(g.size, effective_max(t, view)) * yv)
+        if "numa" in t.sensitive or (is_other(t) and b.numa_sens):
             for node in view.nodes:
                 zv = m.new_bool_var(f"z{t.name}_{node}")
-                z[t.name, node] = zv
-                for g in G:
+                b.z[t.name, node] = zv
+                for g in view.classes:
                     if g.node == node:
-                        m.add(x[t.name, g.index] <= min(g.size, effective_max(t, view)) * zv)
-    for t in cache_sens:  # C5
-        for u in polluters:
+                        m.add(b.x[t.name, g.index] <= min(g.size, effective_max(t, view)) * zv)
+
+
+def _c5_cache_rule(b: _Builder) -> None:
+    """C5, per domain D, cache-sensitive t, polluter u != t: y[t,D] + y[u,D] <= 1."""
+    for t in b.cache_sens:
+        for u in b.polluters:
             if u.name != t.name:
-                for d in range(view.n_domains):
-                    m.add(y[t.name, d] + y[u.name, d] <= 1)
+                for d in range(b.view.n_domains):
+                    b.m.add(b.y[t.name, d] + b.y[u.name, d] <= 1)
+
+
+def _o2_levels(b: _Builder) -> tuple[list[cp_model.LinearExprT], list[int]]:
+    """O2: per priority level, highest first, the sum of x (to maximise) and its cap."""
     levels, caps = [], []
-    for p in priority_levels(tasks):
-        level = [t for t in tasks if t.priority == p]
-        levels.append(sum(x[t.name, g.index] for t in level for g in G))
-        caps.append(sum(effective_max(t, view) for t in level))
-    spread = [z[t.name, n] for t in numa_sens for n in view.nodes] + \
-        [y[t.name, d] for t in cache_sens for d in range(view.n_domains)]
-    tail: list[tuple[cp_model.LinearExprT, int]] = []
-    if others:
-        # O5: a registered task with current CPUs is touched unless it keeps them all
-        touched = []
-        for t in tasks:
-            cur = set(current.get(t.name, ()))
-            if is_other(t) or not cur:
-                continue
-            tv = m.new_bool_var(f"touched{t.name}")
-            here = len(cur & set(class_of))
-            if here < len(cur):
-                m.add(tv == 1)  # some of its CPUs are gone
-            elif kept_of.get(t.name):
-                m.add(sum(kept_of[t.name]) >= here - here * tv)
-            touched.append(tv)
-        # O6: (other, sensitive task) pairs sharing a domain (cache) or node (numa)
-        pairs = []
-        for o in others:
-            for t, use, units in [(t, y, range(view.n_domains)) for t in cache_sens] + \
-                                 [(t, z, view.nodes) for t in numa_sens]:
-                pv = m.new_bool_var(f"near{o.name}_{t.name}")
-                for u in units:
-                    m.add(pv >= use[o.name, u] + use[t.name, u] - 1)
-                pairs.append(pv)
-        other_kept = [kv for o in others for kv in kept_of.get(o.name, ())]
-        other_cap = sum(len(set(current.get(o.name, ())) & set(class_of)) for o in others)
-        tail = [(-sum(touched) if touched else 0, len(touched)), (-sum(pairs) if pairs else 0, len(pairs)),
-                (sum(other_kept) if other_kept else 0, other_cap)]
-    return _Model(m, x, c, pool, levels, caps, sum(spread) if spread else 0, len(spread),
-                  sum(kept) if kept else 0, total_current, tail)
+    for p in priority_levels(b.tasks):
+        level = [t for t in b.tasks if t.priority == p]
+        levels.append(sum(b.x[t.name, g.index] for t in level for g in b.view.classes))
+        caps.append(sum(effective_max(t, b.view) for t in level))
+    return levels, caps
+
+
+def _o5_o7_other_terms(b: _Builder) -> list[tuple[cp_model.LinearExprT, int]]:
+    """With others (problem.OtherSpec): O5-O7 as (expression to maximise, cap)."""
+    m, current = b.m, b.current
+    # O5: a registered task with current CPUs is touched unless it keeps them all
+    touched = []
+    for t in b.tasks:
+        cur = set(current.get(t.name, ()))
+        if is_other(t) or not cur:
+            continue
+        tv = m.new_bool_var(f"touched{t.name}")
+        here = len(cur & set(b.class_of))
+        if here < len(cur):
+            m.add(tv == 1)  # some of its CPUs are gone
+        elif b.kept_of.get(t.name):
+            m.add(sum(b.kept_of[t.name]) >= here - here * tv)
+        touched.append(tv)
+    # O6: (other, sensitive task) pairs sharing a domain (cache) or node (numa)
+    pairs = []
+    for o in b.others:
+        for t, use, units in [(t, b.y, range(b.view.n_domains)) for t in b.cache_sens] + \
+                             [(t, b.z, b.view.nodes) for t in b.numa_sens]:
+            pv = m.new_bool_var(f"near{o.name}_{t.name}")
+            for u in units:
+                m.add(pv >= use[o.name, u] + use[t.name, u] - 1)
+            pairs.append(pv)
+    # O7: the CPUs others keep
+    other_kept = [kv for o in b.others for kv in b.kept_of.get(o.name, ())]
+    other_cap = sum(len(set(current.get(o.name, ())) & set(b.class_of)) for o in b.others)
+    return [(-sum(touched) if touched else 0, len(touched)), (-sum(pairs) if pairs else 0, len(pairs)),
+            (sum(other_kept) if other_kept else 0, other_cap)]
 
 
 def _add_hint(view: View, tasks: Sequence[TaskSpec], mod: _Model,
@@ -343,47 +395,63 @@ def solve_counts(
     if st == cp_model.UNKNOWN and out_of_time:
         return CountSolution("unknown", {}, {}, {})
     if st in (cp_model.INFEASIBLE, cp_model.UNKNOWN):
-        mod = _build(view, tasks, current)
-        _add_hint(view, tasks, mod, hint)
-        fixed: list[int] = []
-        last_good: cp_model.CpSolver | None = None
-        for i, e in enumerate(mod.levels):
-            if deadline - time.perf_counter() < 0.05 * time_limit_s:
-                st = cp_model.UNKNOWN
-                break
-            bound = relaxed_levels(view, tasks, fixed, workers, (deadline - time.perf_counter()) / 4)
-            if bound is None:
-                return CountSolution("infeasible", {}, {}, {})
-            mod.m.add(e <= bound[i])
-            mod.m.maximize(e)
-            solver = _solver(workers, deadline - time.perf_counter())
-            st = solver.solve(mod.m)
-            if _DEBUG:
-                print("stage", i, solver.status_name(st), solver.wall_time, file=sys.stderr)
-            if st != cp_model.OPTIMAL:
-                break
-            last_good = solver
-            fixed.append(int(solver.value(e)))
-            mod.m.add(e == fixed[-1])
-        else:
-            mod.m.maximize(_lower_objective(mod))
-            solver = _solver(workers, deadline - time.perf_counter())
-            st = solver.solve(mod.m)
-        if st == cp_model.UNKNOWN and last_good is not None:
-            # time ran out in a later stage: the last proven stage's solution stands
-            solver, st = last_good, cp_model.FEASIBLE
+        staged = _solve_in_stages(view, tasks, current, workers, hint, deadline, time_limit_s)
+        if staged is None:
+            return CountSolution("infeasible", {}, {}, {})
+        mod, staged_solver, st = staged
+        if staged_solver is not None:  # None: out of time before the first stage (st is UNKNOWN)
+            solver = staged_solver
     if st == cp_model.INFEASIBLE:
         return CountSolution("infeasible", {}, {}, {})
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return CountSolution("unknown", {}, {}, {})
     gap = None
     if st == cp_model.FEASIBLE:
-        bound, value = solver.best_objective_bound, solver.objective_value
-        gap = abs(bound - value) / max(1.0, abs(bound)) or None  # 0: a later stage timed out
+        bound_value, value = solver.best_objective_bound, solver.objective_value
+        gap = abs(bound_value - value) / max(1.0, abs(bound_value)) or None  # 0: a later stage timed out
     sol = _solution(view, tasks, mod, solver, "optimal" if st == cp_model.OPTIMAL else "feasible", gap)
     if st == cp_model.OPTIMAL:
         sol = _realised(view, tasks, current, mod, solver, sol, deadline)
     return sol
+
+
+def _solve_in_stages(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]], workers: int,
+                     hint: Mapping[str, Sequence[int]] | None, deadline: float,
+                     time_limit_s: float) -> tuple[_Model, cp_model.CpSolver | None, int] | None:
+    """Step 3 of :func:`solve_counts`: each level maximised under a fresh relaxation bound with the
+    earlier levels fixed, then fixed; then O3, O4.  None: infeasible (a relaxation says so)."""
+    mod = _build(view, tasks, current)
+    _add_hint(view, tasks, mod, hint)
+    fixed: list[int] = []
+    solver: cp_model.CpSolver | None = None
+    last_good: cp_model.CpSolver | None = None
+    st = cp_model.UNKNOWN
+    for i, e in enumerate(mod.levels):
+        if deadline - time.perf_counter() < 0.05 * time_limit_s:
+            st = cp_model.UNKNOWN
+            break
+        bound = relaxed_levels(view, tasks, fixed, workers, (deadline - time.perf_counter()) / 4)
+        if bound is None:
+            return None
+        mod.m.add(e <= bound[i])
+        mod.m.maximize(e)
+        solver = _solver(workers, deadline - time.perf_counter())
+        st = solver.solve(mod.m)
+        if _DEBUG:
+            print("stage", i, solver.status_name(st), solver.wall_time, file=sys.stderr)
+        if st != cp_model.OPTIMAL:
+            break
+        last_good = solver
+        fixed.append(int(solver.value(e)))
+        mod.m.add(e == fixed[-1])
+    else:
+        mod.m.maximize(_lower_objective(mod))
+        solver = _solver(workers, deadline - time.perf_counter())
+        st = solver.solve(mod.m)
+    if st == cp_model.UNKNOWN and last_good is not None:
+        # time ran out in a later stage: the last proven stage's solution stands
+        solver, st = last_good, cp_model.FEASIBLE
+    return mod, solver, st
 
 
 def _solution(view: View, tasks: Sequence[TaskSpec], mod: _Model, solver: cp_model.CpSolver, status: str,

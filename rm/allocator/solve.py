@@ -120,26 +120,9 @@ def _solve_cpsat(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Se
     3. the count model, seeded with the best allocation so far and given the
     relaxation's levels and spread bound."""
     deadline = time.perf_counter() + time_limit_s
-    greedy = reason = None
-    greedy_obj = None
-    if len(tasks) * len(view.cpus) <= GREEDY_FIRST_PAIRS:
-        greedy, reason = solve_greedy(view, tasks, current)
-        if greedy is not None:
-            greedy_obj = objective(view, tasks, greedy, current)
-            if greedy_obj == upper_bound(view, tasks, current):
-                return Outcome(greedy, None, "optimal", "greedy", via="greedy = closed-form bound")
-    wf = waterfill_bound(view, tasks, current)
-    if isinstance(wf, Fill):
-        if greedy_obj == wf.objective:
-            return Outcome(greedy, None, "optimal", "greedy", via="greedy = waterfill bound")
-        packed = pack(view, tasks, current, wf.totals, (wf.spread, wf.moves))
-        if packed is not None and packed.complete:
-            alloc = map_counts(view, tasks, current, packed.counts, packed.cores)
-            if objective(view, tasks, alloc, current) == wf.objective:
-                broken = violations(view, tasks, alloc)
-                if broken:
-                    raise AssertionError(f"packing produced an infeasible allocation: {broken[0]}")
-                return Outcome(alloc, None, "optimal", "cpsat", via="packing = waterfill bound")
+    done, greedy, reason = _closed_form_bounds(view, tasks, current)
+    if done is not None:
+        return done
     # the bound is what makes answers provable: it gets 60 % of the time
     rb = relaxed_bound(view, tasks, current, max(0.0, deadline - time.perf_counter()) * 0.6)
     if rb is None:
@@ -152,32 +135,9 @@ def _solve_cpsat(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Se
     best_by = "cpsat"
     gap = None  # set when the packing reached the proven O2
     if isinstance(rb, RelaxedBound):
-        packed = pack(view, tasks, current, rb.totals, (rb.spread, rb.moves))
-        if packed is not None:
-            best = map_counts(view, tasks, current, packed.counts, packed.cores)
-            broken = violations(view, tasks, best)
-            if broken:
-                raise AssertionError(f"packing produced an infeasible allocation: {broken[0]}")
-            gap = lexicographic_gap(objective(view, tasks, best, current), rb.objective, kept_cap)
-            if not packed.complete:
-                gap = None  # a partial packing misses O2: only a hint and fallback
-            if gap:  # O2 reached, O3/O4 above the bound: small neighbourhoods first
-                left = deadline - time.perf_counter()
-                counts, cores, n_better = improve(view, tasks, current, packed.counts, packed.cores,
-                                                  time.perf_counter() + min(left / 2, left - 0.015))
-                if n_better:
-                    alloc = map_counts(view, tasks, current, counts, cores)
-                    broken = violations(view, tasks, alloc)
-                    if broken:
-                        raise AssertionError(f"neighbourhood search produced an infeasible allocation: {broken[0]}")
-                    better = lexicographic_gap(objective(view, tasks, alloc, current), rb.objective, kept_cap)
-                    if better is not None and better < gap:
-                        best, gap = alloc, better
-            if gap == 0:
-                return Outcome(best, None, "optimal", "cpsat", via="packing = relaxation bound")
-            if gap is not None and gap <= ACCEPT_GAP and len(tasks) * len(view.cpus) > GREEDY_FIRST_PAIRS:
-                # (small instances: the count model is cheap enough to be exact)
-                return Outcome(best, None, "feasible", "cpsat", gap, via="packing within 1 % of the bound")
+        best, gap, done = _packing_of_bound(view, tasks, current, rb, kept_cap, deadline)
+        if done is not None:
+            return done
     # Greedy as another candidate: not when O2 is proven (it can hardly help),
     # nor, if a packing exists, when it would overrun the time limit.
     if greedy is None and gap is None and (
@@ -206,6 +166,70 @@ def _solve_cpsat(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Se
     return out
 
 
+def _closed_form_bounds(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
+                        ) -> tuple[Outcome | None, Alloc | None, str | None]:
+    """Steps 1 and 1b: (the optimal outcome if greedy or a packing reaches a bound computed
+    without search, else None; greedy's allocation and reason, when it ran)."""
+    greedy = reason = None
+    greedy_obj = None
+    if len(tasks) * len(view.cpus) <= GREEDY_FIRST_PAIRS:
+        greedy, reason = solve_greedy(view, tasks, current)
+        if greedy is not None:
+            greedy_obj = objective(view, tasks, greedy, current)
+            if greedy_obj == upper_bound(view, tasks, current):
+                return Outcome(greedy, None, "optimal", "greedy", via="greedy = closed-form bound"), greedy, reason
+    wf = waterfill_bound(view, tasks, current)
+    if isinstance(wf, Fill):
+        if greedy_obj == wf.objective:
+            return Outcome(greedy, None, "optimal", "greedy", via="greedy = waterfill bound"), greedy, reason
+        packed = pack(view, tasks, current, wf.totals, (wf.spread, wf.moves))
+        if packed is not None and packed.complete:
+            alloc = map_counts(view, tasks, current, packed.counts, packed.cores)
+            if objective(view, tasks, alloc, current) == wf.objective:
+                _check(view, tasks, alloc, "packing")
+                return Outcome(alloc, None, "optimal", "cpsat", via="packing = waterfill bound"), greedy, reason
+    return None, greedy, reason
+
+
+def _packing_of_bound(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
+                      rb: RelaxedBound, kept_cap: list[int], deadline: float,
+                      ) -> tuple[Alloc | None, float | None, Outcome | None]:
+    """Step 2: the best-fit packing of the relaxation's totals, improved by small neighbourhoods
+    when its O3/O4 are above the bound.  (best allocation, its gap when O2 is reached, the outcome
+    when it is optimal or within ACCEPT_GAP)."""
+    packed = pack(view, tasks, current, rb.totals, (rb.spread, rb.moves))
+    if packed is None:
+        return None, None, None
+    best = map_counts(view, tasks, current, packed.counts, packed.cores)
+    _check(view, tasks, best, "packing")
+    gap = lexicographic_gap(objective(view, tasks, best, current), rb.objective, kept_cap)
+    if not packed.complete:
+        gap = None  # a partial packing misses O2: only a hint and fallback
+    if gap:  # O2 reached, O3/O4 above the bound: small neighbourhoods first
+        left = deadline - time.perf_counter()
+        counts, cores, n_better = improve(view, tasks, current, packed.counts, packed.cores,
+                                          time.perf_counter() + min(left / 2, left - 0.015))
+        if n_better:
+            alloc = map_counts(view, tasks, current, counts, cores)
+            _check(view, tasks, alloc, "neighbourhood search")
+            better = lexicographic_gap(objective(view, tasks, alloc, current), rb.objective, kept_cap)
+            if better is not None and better < gap:
+                best, gap = alloc, better
+    if gap == 0:
+        return best, gap, Outcome(best, None, "optimal", "cpsat", via="packing = relaxation bound")
+    if gap is not None and gap <= ACCEPT_GAP and len(tasks) * len(view.cpus) > GREEDY_FIRST_PAIRS:
+        # (small instances: the count model is cheap enough to be exact)
+        return best, gap, Outcome(best, None, "feasible", "cpsat", gap, via="packing within 1 % of the bound")
+    return best, gap, None
+
+
+def _check(view: View, tasks: Sequence[TaskSpec], alloc: Alloc, by: str) -> None:
+    """A violation is a bug, not a user error: say so loudly."""
+    broken = violations(view, tasks, alloc)
+    if broken:
+        raise AssertionError(f"{by} produced an infeasible allocation: {broken[0]}")
+
+
 def _finish(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]], solver: str,
             time_limit_s: float, status: str, alloc: Alloc | None, fallback: Alloc | None,
             reason: str | None, gap: float | None, fallback_by: str = "greedy") -> Outcome:
@@ -217,9 +241,7 @@ def _finish(view: View, tasks: Sequence[TaskSpec], current: Mapping[str, Sequenc
             return Outcome(None, f"no allocation found in {time_limit_s} s; greedy: {reason}", "infeasible", solver,
                            via="nothing in time")
         return Outcome(fallback, None, "fallback", fallback_by, via=f"{solver}: no solution in time")
-    broken = violations(view, tasks, alloc)
-    if broken:  # a bug, not a user error: say so loudly
-        raise AssertionError(f"{solver} produced an infeasible allocation: {broken[0]}")
+    _check(view, tasks, alloc, solver)
     if fallback is not None and objective(view, tasks, fallback, current) > objective(view, tasks, alloc, current):
         # Time ran out before the solver beat the fallback, or (only O4) the
         # mapping kept fewer CPUs than the count model hoped.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 Bins = list[list[int]]
 
@@ -189,77 +189,87 @@ def balance(
 
     from ortools.sat.python import cp_model
 
-    n, n_bins = len(sizes), len(bins)
-    home = {i: b for b, items in enumerate(bins) for i in items}
-
-    def build() -> tuple[cp_model.CpModel, dict, list, cp_model.IntVar, cp_model.IntVar]:
-        m = cp_model.CpModel()
-        x = {(i, b): m.new_bool_var(f"x{i}_{b}") for i in range(n) for b in range(n_bins)}
-        load = [m.new_int_var(0, capacity, f"l{b}") for b in range(n_bins)]
-        for i in range(n):
-            m.add_exactly_one(x[i, b] for b in range(n_bins))
-        for b in range(n_bins):
-            m.add(load[b] == sum(sizes[i] * x[i, b] for i in range(n)))
-            by_group: dict[str, list[int]] = {}
-            for i in range(n):
-                for name in groups[i]:
-                    by_group.setdefault(name, []).append(i)
-            for members in by_group.values():
-                if len(members) > 1:
-                    m.add_at_most_one(x[i, b] for i in members)
-        # Bounds that let the solver prove optimality: the average load lies between them.
-        total = sum(sizes)
-        hi = m.new_int_var(max(-(-total // n_bins), max(sizes)), capacity, "max")
-        lo = m.new_int_var(0, total // n_bins, "min")
-        m.add_max_equality(hi, load)
-        m.add_min_equality(lo, load)
-        # The bins are interchangeable: look only at packings with loads in decreasing order.
-        for b in range(n_bins - 1):
-            m.add(load[b] >= load[b + 1])
-        order = sorted(range(n_bins), key=lambda b: -loads[b])
-        for i in range(n):
-            for rank, b in enumerate(order):
-                m.add_hint(x[i, rank], home[i] == b)
-        return m, x, load, hi, lo
-
-    def solver_for(seconds: float) -> cp_model.CpSolver:
-        s = cp_model.CpSolver()
-        s.parameters.num_workers = 1
-        s.parameters.random_seed = 0
-        s.parameters.max_time_in_seconds = max(0.01, seconds)
-        return s
-
+    unchanged = Balanced([list(b) for b in bins], max(loads), max(loads), min(loads), min(loads), 0, "unchanged")
     # Stage 1: the smallest largest load.
-    m, x, load, hi, lo = build()
+    m, x, hi, lo = _balance_model(sizes, capacity, groups, bins)
     m.minimize(hi)
-    s = solver_for(time_limit_s / 2)
+    s = _balance_solver(time_limit_s / 2)
     st = s.solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Balanced([list(b) for b in bins], max(loads), max(loads), min(loads), min(loads), 0, "unchanged")
+        return unchanged
     best_hi = int(s.value(hi))
     proven = st == cp_model.OPTIMAL
     # Stage 2: with that bound, the largest smallest load.
-    m, x, load, hi, lo = build()
+    m, x, hi, lo = _balance_model(sizes, capacity, groups, bins)
     m.add(hi <= best_hi)
     m.maximize(lo)
-    s = solver_for(time_limit_s / 2)
+    s = _balance_solver(time_limit_s / 2)
     st = s.solve(m)
     if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Balanced([list(b) for b in bins], max(loads), max(loads), min(loads), min(loads), 0, "unchanged")
+        return unchanged
     proven = proven and st == cp_model.OPTIMAL
-    new: Bins = [[] for _ in range(n_bins)]
+    new: Bins = [[] for _ in range(len(bins))]
     for (i, b), var in x.items():
         if s.value(var):
             new[b].append(i)
     new_loads = [sum(sizes[i] for i in b) for b in new]
     if (max(new_loads), -min(new_loads)) >= (max(loads), -min(loads)):
-        return Balanced([list(b) for b in bins], max(loads), max(loads), min(loads), min(loads), 0, "unchanged")
+        return unchanged
     # Keep the FFD order inside each bin and bins by decreasing load.
     rank = {i: k for k, i in enumerate(ffd_order(sizes))}
     new = sorted((sorted(b, key=lambda i: rank[i]) for b in new),
-                 key=lambda b: (-sum(sizes[i] for i in b), rank[b[0]] if b else n))
+                 key=lambda b: (-sum(sizes[i] for i in b), rank[b[0]] if b else len(sizes)))
     return Balanced(new, max(loads), max(new_loads), min(loads), min(new_loads),
                     _moved(bins, new), "optimal" if proven else "improved")
+
+
+def _balance_model(sizes: Sequence[int], capacity: int, groups: Sequence[frozenset[str]],
+                   bins: Bins) -> tuple[Any, dict[tuple[int, int], Any], Any, Any]:
+    """The balancing model: x[i,b] item i in bin b, siblings apart, loads in decreasing order,
+    hinted with ``bins``.  Returns (model, x, largest load, smallest load)."""
+    from ortools.sat.python import cp_model
+
+    n, n_bins = len(sizes), len(bins)
+    home = {i: b for b, items in enumerate(bins) for i in items}
+    loads = [sum(sizes[i] for i in b) for b in bins]
+    m = cp_model.CpModel()
+    x = {(i, b): m.new_bool_var(f"x{i}_{b}") for i in range(n) for b in range(n_bins)}
+    load = [m.new_int_var(0, capacity, f"l{b}") for b in range(n_bins)]
+    for i in range(n):
+        m.add_exactly_one(x[i, b] for b in range(n_bins))
+    for b in range(n_bins):
+        m.add(load[b] == sum(sizes[i] * x[i, b] for i in range(n)))
+        by_group: dict[str, list[int]] = {}
+        for i in range(n):
+            for name in groups[i]:
+                by_group.setdefault(name, []).append(i)
+        for members in by_group.values():
+            if len(members) > 1:
+                m.add_at_most_one(x[i, b] for i in members)
+    # Bounds that let the solver prove optimality: the average load lies between them.
+    total = sum(sizes)
+    hi = m.new_int_var(max(-(-total // n_bins), max(sizes)), capacity, "max")
+    lo = m.new_int_var(0, total // n_bins, "min")
+    m.add_max_equality(hi, load)
+    m.add_min_equality(lo, load)
+    # The bins are interchangeable: look only at packings with loads in decreasing order.
+    for b in range(n_bins - 1):
+        m.add(load[b] >= load[b + 1])
+    order = sorted(range(n_bins), key=lambda b: -loads[b])
+    for i in range(n):
+        for rank, b in enumerate(order):
+            m.add_hint(x[i, rank], home[i] == b)
+    return m, x, hi, lo
+
+
+def _balance_solver(seconds: float) -> Any:
+    from ortools.sat.python import cp_model
+
+    s = cp_model.CpSolver()
+    s.parameters.num_workers = 1
+    s.parameters.random_seed = 0
+    s.parameters.max_time_in_seconds = max(0.01, seconds)
+    return s
 
 
 def _moved(old: Bins, new: Bins) -> int:

@@ -25,7 +25,7 @@ from cod.facts.model import Machine
 
 from . import binpack
 from .collapse import Compound, collapse
-from .densest import Choice, densest, interconnect
+from .densest import Choice, Interconnect, densest, interconnect
 from .errors import DeployError, InfeasibleError
 from .graph import UTIL_SCALE, Graph
 from .numa import NodeSlots, capacity_order, clamp, exact_min_nodes, ffd_nodes, node_slots
@@ -202,78 +202,21 @@ def deploy(graph: Graph, machine: Machine, options: Options = Options()) -> Depl
     warnings: list[str] = []
     cap = round(options.capacity * UTIL_SCALE)
 
-    # ---- phase 1 ----------------------------------------------------------
-    compounds = collapse(graph, cap)
-    merged = [c for c in compounds if len(c.members) > 1]
-    notes.append(f"phase 1: {len(graph.operators)} operators -> {len(compounds)} compound operators "
-                 f"({len(merged)} pipelines of blocking operators collapsed)")
-    for c in merged:
-        notes.append(f"  {' -> '.join(c.members)}: cpu_util {_pct(c.util)}, mem_bw {_gbs(c.mem_bw)}")
-    unknown_bw = [op.id for op in graph.operators if op.mem_bw is None]
-    if unknown_bw:
-        warnings.append(f"mem_bw unknown for {len(unknown_bw)} operator(s) ({', '.join(unknown_bw[:5])}"
-                        f"{', ...' if len(unknown_bw) > 5 else ''}): counted as 0 in phase 3")
+    compounds = _phase1(graph, cap, notes, warnings)
     t1 = time.perf_counter()
     timings["phase1"] = (t1 - t0) * 1e3
 
-    # ---- phase 2 ----------------------------------------------------------
     sizes = [c.util for c in compounds]
     groups = [c.sibling_groups for c in compounds]
-    big = [c.id for c in compounds if c.util > cap]
-    if big:
-        warnings.append(f"{len(big)} operator(s) need more than the capacity of one core "
-                        f"({options.capacity:g}) and get a core of their own: {', '.join(big[:5])}")
-    ffd_bins = binpack.first_fit_decreasing(sizes, cap, groups)
-    lb = binpack.lower_bound(sizes, cap, groups)
-    notes.append(f"phase 2: FFD by cpu_util packs {len(compounds)} compound operators onto "
-                 f"{len(ffd_bins)} cores (lower bound {lb}; capacity {options.capacity:g} core)")
-    sibling_skips = _sibling_skips(sizes, cap, groups)
-    if sibling_skips:
-        notes.append(f"  sibling rule: {sibling_skips} time(s) a bin with room was skipped because it held a sibling")
-    exact = binpack.Exact(None, None, lb, "skipped")
-    if options.exact:
-        exact = binpack.exact_min_bins(sizes, cap, groups, ffd_bins, time_limit_s=options.time_limit_s)
-        if exact.count is not None:
-            notes.append(f"  exact (CP-SAT): {exact.count} cores; FFD gap {len(ffd_bins) - exact.count}")
-        elif exact.status == "skipped":
-            notes.append(f"  exact (CP-SAT): skipped ({len(compounds)} operators x {len(ffd_bins)} cores is "
-                         f"too large a model, or an operator exceeds the capacity); lower bound {exact.bound}")
-        else:
-            notes.append(f"  exact (CP-SAT): {exact.status}, best bound {exact.bound} cores")
+    ffd_bins, lb, exact = _phase2(compounds, sizes, groups, cap, options, notes, warnings)
     t2 = time.perf_counter()
     timings["phase2"] = (t2 - t1) * 1e3
 
-    bins = [list(b) for b in ffd_bins]
-    if options.prefer_exact and exact.bins is not None and len(exact.bins) < len(ffd_bins):
-        bins = [list(b) for b in exact.bins]
-        notes.append(f"  deployed on the exact packing's {len(bins)} cores, not FFD's {len(ffd_bins)}")
-    bal = None
-    if options.balance:
-        bal = binpack.balance(sizes, cap, groups, bins, time_limit_s=options.time_limit_s)
-        bins = bal.bins
-        if bal.status in ("optimal", "improved"):
-            notes.append(f"epilogue: balanced {len(bins)} cores ({bal.status}): busiest core "
-                         f"{_pct(bal.max_before)} -> {_pct(bal.max_after)}, idlest {_pct(bal.min_before)} -> "
-                         f"{_pct(bal.min_after)}, {bal.moved} operator(s) moved")
-        else:
-            notes.append(f"epilogue: bins left as FFD made them ({bal.status})")
+    bins, bal = _epilogue(sizes, groups, cap, ffd_bins, exact, options, notes)
     t3 = time.perf_counter()
     timings["balance"] = (t3 - t2) * 1e3
 
-    clusters = []
-    for index, b in enumerate(bins):
-        members = [compounds[i] for i in b]
-        clusters.append(Cluster(
-            index=index,
-            compounds=tuple(c.id for c in members),
-            members=tuple(m for c in members for m in c.members),
-            util=sum(c.util for c in members),
-            mem_bw=sum(c.mem_bw for c in members),
-            mem_bw_known=all(c.mem_bw_known for c in members),
-        ))
-    for c in clusters:
-        notes.append(f"  core {c.index}: {_pct(c.util)} {', '.join(c.compounds)}")
-
+    clusters = _clusters(compounds, bins, notes)
     usable = set(machine.cpu_ids()) - set(options.unavailable)
     placed, numa, more_notes, more_warnings, ph = _place(clusters, machine, usable, options)
     notes += more_notes
@@ -297,6 +240,88 @@ def deploy(graph: Graph, machine: Machine, options: Options = Options()) -> Depl
         explanation=tuple(notes),
         timings_ms=timings,
     )
+
+
+def _phase1(graph: Graph, cap: int, notes: list[str], warnings: list[str]) -> list[Compound]:
+    """Phase 1: pipelines of blocking operators collapsed into compound operators."""
+    compounds = collapse(graph, cap)
+    merged = [c for c in compounds if len(c.members) > 1]
+    notes.append(f"phase 1: {len(graph.operators)} operators -> {len(compounds)} compound operators "
+                 f"({len(merged)} pipelines of blocking operators collapsed)")
+    for c in merged:
+        notes.append(f"  {' -> '.join(c.members)}: cpu_util {_pct(c.util)}, mem_bw {_gbs(c.mem_bw)}")
+    unknown_bw = [op.id for op in graph.operators if op.mem_bw is None]
+    if unknown_bw:
+        warnings.append(f"mem_bw unknown for {len(unknown_bw)} operator(s) ({', '.join(unknown_bw[:5])}"
+                        f"{', ...' if len(unknown_bw) > 5 else ''}): counted as 0 in phase 3")
+    return compounds
+
+
+def _phase2(compounds: Sequence[Compound], sizes: list[int], groups: list[frozenset[str]], cap: int,
+            options: Options, notes: list[str], warnings: list[str]) -> tuple[binpack.Bins, int, binpack.Exact]:
+    """Phase 2: compound operators onto cores by cpu_util (FFD, Algorithm 1), beside its lower bound
+    and, when asked, the CP-SAT optimum.  Returns FFD's bins, the lower bound and the exact answer."""
+    big = [c.id for c in compounds if c.util > cap]
+    if big:
+        warnings.append(f"{len(big)} operator(s) need more than the capacity of one core "
+                        f"({options.capacity:g}) and get a core of their own: {', '.join(big[:5])}")
+    ffd_bins = binpack.first_fit_decreasing(sizes, cap, groups)
+    lb = binpack.lower_bound(sizes, cap, groups)
+    notes.append(f"phase 2: FFD by cpu_util packs {len(compounds)} compound operators onto "
+                 f"{len(ffd_bins)} cores (lower bound {lb}; capacity {options.capacity:g} core)")
+    sibling_skips = _sibling_skips(sizes, cap, groups)
+    if sibling_skips:
+        notes.append(f"  sibling rule: {sibling_skips} time(s) a bin with room was skipped because it held a sibling")
+    exact = binpack.Exact(None, None, lb, "skipped")
+    if options.exact:
+        exact = binpack.exact_min_bins(sizes, cap, groups, ffd_bins, time_limit_s=options.time_limit_s)
+        if exact.count is not None:
+            notes.append(f"  exact (CP-SAT): {exact.count} cores; FFD gap {len(ffd_bins) - exact.count}")
+        elif exact.status == "skipped":
+            notes.append(f"  exact (CP-SAT): skipped ({len(compounds)} operators x {len(ffd_bins)} cores is "
+                         f"too large a model, or an operator exceeds the capacity); lower bound {exact.bound}")
+        else:
+            notes.append(f"  exact (CP-SAT): {exact.status}, best bound {exact.bound} cores")
+    return ffd_bins, lb, exact
+
+
+def _epilogue(sizes: list[int], groups: list[frozenset[str]], cap: int, ffd_bins: binpack.Bins,
+              exact: binpack.Exact, options: Options, notes: list[str]
+              ) -> tuple[binpack.Bins, binpack.Balanced | None]:
+    """The bins deployed: FFD's or the exact packing's, balanced when asked (the epilogue)."""
+    bins = [list(b) for b in ffd_bins]
+    if options.prefer_exact and exact.bins is not None and len(exact.bins) < len(ffd_bins):
+        bins = [list(b) for b in exact.bins]
+        notes.append(f"  deployed on the exact packing's {len(bins)} cores, not FFD's {len(ffd_bins)}")
+    bal = None
+    if options.balance:
+        bal = binpack.balance(sizes, cap, groups, bins, time_limit_s=options.time_limit_s)
+        bins = bal.bins
+        if bal.status in ("optimal", "improved"):
+            notes.append(f"epilogue: balanced {len(bins)} cores ({bal.status}): busiest core "
+                         f"{_pct(bal.max_before)} -> {_pct(bal.max_after)}, idlest {_pct(bal.min_before)} -> "
+                         f"{_pct(bal.min_after)}, {bal.moved} operator(s) moved")
+        else:
+            notes.append(f"epilogue: bins left as FFD made them ({bal.status})")
+    return bins, bal
+
+
+def _clusters(compounds: Sequence[Compound], bins: binpack.Bins, notes: list[str]) -> list[Cluster]:
+    """One cluster per bin: its compound operators, their members, load and bandwidth."""
+    clusters = []
+    for index, b in enumerate(bins):
+        members = [compounds[i] for i in b]
+        clusters.append(Cluster(
+            index=index,
+            compounds=tuple(c.id for c in members),
+            members=tuple(m for c in members for m in c.members),
+            util=sum(c.util for c in members),
+            mem_bw=sum(c.mem_bw for c in members),
+            mem_bw_known=all(c.mem_bw_known for c in members),
+        ))
+    for c in clusters:
+        notes.append(f"  core {c.index}: {_pct(c.util)} {', '.join(c.compounds)}")
+    return clusters
 
 
 def bind(plan: DeployPlan, machine: Machine, cpus: Iterable[int], options: Options = Options()) -> DeployPlan:
@@ -356,7 +381,30 @@ def _place(clusters: list[Cluster], machine: Machine, usable: set[int], options:
     t0 = time.perf_counter()
     notes: list[str] = []
     warnings: list[str] = []
-    n = len(clusters)
+    slots = _usable_slots(len(clusters), machine, usable, options, warnings)
+    bws = _clamped_bandwidths(clusters, slots, warnings)
+    slots, k_ffd, k_opt = _phase3(bws, slots, options, notes, warnings)
+    t1 = time.perf_counter()
+
+    by_id = {s.id: s for s in slots}
+    # Links come from the whole machine's distances, whichever nodes are usable now.
+    ic = interconnect(machine.numa_nodes, options.link_distance)
+    choice = _phase4(ic, by_id, bws, k_ffd, machine, options, notes)
+    chosen = capacity_order([by_id[i] for i in choice.nodes])
+    placed, usage = _assign_cpus(clusters, chosen, bws, notes)
+    if len(usage) < len(choice.nodes):  # bigger nodes than phase 3 counted on: fewer were needed
+        used = tuple(u.node for u in usage)
+        links, dist = ic.score(used)
+        choice = Choice(used, links, dist, choice.method, choice.optimal, choice.sets_examined)
+    t2 = time.perf_counter()
+    numa = NumaChoice(tuple(sorted(choice.nodes)), k_ffd, k_opt, choice, ic.link_distance, tuple(usage))
+    return placed, numa, notes, warnings, {"phase3": (t1 - t0) * 1e3, "phase4": (t2 - t1) * 1e3}
+
+
+def _usable_slots(n: int, machine: Machine, usable: set[int], options: Options,
+                  warnings: list[str]) -> list[NodeSlots]:
+    """The usable cores per NUMA node for ``n`` clusters: SMT siblings as well when the cores
+    alone are too few; InfeasibleError when even those are."""
     slots = node_slots(machine, usable, bandwidth_override=options.node_bandwidth,
                        override_source=options.node_bandwidth_source)
     total = sum(len(s.cpus) for s in slots)
@@ -368,6 +416,11 @@ def _place(clusters: list[Cluster], machine: Machine, usable: set[int], options:
             slots, total = smt, sum(len(s.cpus) for s in smt)
     if total < n:
         raise InfeasibleError(f"the plan needs {n} cores; {machine.name} has {total} usable")
+    return slots
+
+
+def _clamped_bandwidths(clusters: Sequence[Cluster], slots: Sequence[NodeSlots], warnings: list[str]) -> list[int]:
+    """Each cluster's mem_bw, at most a node's worth, with a warning for what is unknown or clamped."""
     unknown = [s.id for s in slots if s.bandwidth is None]
     if unknown:
         warnings.append(f"bandwidth capacity unknown for NUMA node(s) {', '.join(map(str, unknown))}: "
@@ -378,7 +431,13 @@ def _place(clusters: list[Cluster], machine: Machine, usable: set[int], options:
         if b < r:
             warnings.append(f"cluster {c.index} needs {_gbs(r)}, more than any node's bandwidth: "
                             f"it is given a node's worth ({_gbs(b)})")
+    return bws
 
+
+def _phase3(bws: list[int], slots: list[NodeSlots], options: Options, notes: list[str],
+            warnings: list[str]) -> tuple[list[NodeSlots], int, int | None]:
+    """Phase 3: how many NUMA nodes the clusters need, FFD by mem_bw (and the exact minimum when
+    asked).  Returns the slots (without bandwidth when it cannot bind), FFD's count and the exact one."""
     ordered = capacity_order(slots)
     ffd = ffd_nodes(bws, ordered)
     if ffd is None:
@@ -390,37 +449,41 @@ def _place(clusters: list[Cluster], machine: Machine, usable: set[int], options:
         assert ffd is not None  # enough slots checked above
     k_ffd = sum(1 for b in ffd if b) or 1
     notes.append(f"phase 3: FFD by mem_bw onto NUMA nodes ({_describe_nodes(slots)}) needs {k_ffd} node(s)")
-    k_opt, k_status = (None, "skipped")
-    if options.exact and n:
+    k_opt = None
+    if options.exact and bws:
         k_opt, k_status = exact_min_nodes(bws, ordered, k_ffd, time_limit_s=options.time_limit_s)
         notes.append(f"  exact (CP-SAT): {k_opt if k_opt is not None else k_status} node(s)")
-    t1 = time.perf_counter()
+    return slots, k_ffd, k_opt
 
-    by_id = {s.id: s for s in slots}
-    # Links come from the whole machine's distances, whichever nodes are usable now.
-    ic = interconnect(machine.numa_nodes, options.link_distance)
 
+def _phase4(ic: Interconnect, by_id: dict[int, NodeSlots], bws: list[int], k_ffd: int, machine: Machine,
+            options: Options, notes: list[str]) -> Choice:
+    """Phase 4: the densest set of nodes, from ``k_ffd`` nodes up, that holds the clusters."""
     def feasible(subset: tuple[int, ...]) -> bool:
         return ffd_nodes(bws, capacity_order([by_id[i] for i in subset])) is not None
 
     choice = None
     k = k_ffd
-    while choice is None and k <= len(slots):
+    while choice is None and k <= len(by_id):
         choice = densest(ic, k, list(by_id), feasible, exhaustive_limit=options.exhaustive_limit,
                          time_limit_s=options.time_limit_s)
         if choice is None:
             notes.append(f"  no set of {k} node(s) holds the clusters; trying {k + 1}")
             k += 1
     if choice is None:
-        raise InfeasibleError(f"no set of NUMA nodes of {machine.name} holds the {n} clusters")
-    if ic.link_distance is None and len(slots) > 1:
+        raise InfeasibleError(f"no set of NUMA nodes of {machine.name} holds the {len(bws)} clusters")
+    if ic.link_distance is None and len(by_id) > 1:
         notes.append("phase 4: no NUMA distances known: every pair of nodes counts as linked")
     notes.append(f"phase 4: densest {k}-subgraph ({choice.method}"
                  f"{', proven' if choice.optimal else ', best found'}, {choice.sets_examined} set(s) examined): "
                  f"nodes {list(choice.nodes)}, {choice.links} link(s), density {choice.density:.2f}"
                  + (f", mean distance {choice.mean_distance:.1f}" if choice.mean_distance is not None else ""))
+    return choice
 
-    chosen = capacity_order([by_id[i] for i in choice.nodes])
+
+def _assign_cpus(clusters: list[Cluster], chosen: list[NodeSlots], bws: list[int], notes: list[str]
+                 ) -> tuple[list[Cluster], list[NodeUse]]:
+    """Each cluster on a core of its chosen node, the busiest first; the nodes used."""
     per_node = ffd_nodes(bws, chosen)
     assert per_node is not None
     placed = list(clusters)
@@ -435,11 +498,4 @@ def _place(clusters: list[Cluster], machine: Machine, usable: set[int], options:
                              node.bandwidth, node.bandwidth_source, len(node.cpus)))
         notes.append(f"  node {node.id}: clusters {items} on CPUs {list(cpus)}, "
                      f"mem_bw {_gbs(sum(bws[i] for i in items))} of {_gbs(node.bandwidth)}")
-    usage = sorted((u for u in usage if u.clusters), key=lambda u: u.node)
-    if len(usage) < len(choice.nodes):  # bigger nodes than phase 3 counted on: fewer were needed
-        used = tuple(u.node for u in usage)
-        links, dist = ic.score(used)
-        choice = Choice(used, links, dist, choice.method, choice.optimal, choice.sets_examined)
-    t2 = time.perf_counter()
-    numa = NumaChoice(tuple(sorted(choice.nodes)), k_ffd, k_opt, choice, ic.link_distance, tuple(usage))
-    return placed, numa, notes, warnings, {"phase3": (t1 - t0) * 1e3, "phase4": (t2 - t1) * 1e3}
+    return placed, sorted((u for u in usage if u.clusters), key=lambda u: u.node)

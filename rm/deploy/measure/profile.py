@@ -102,24 +102,7 @@ def to_graph(w: Window, template: dict[str, Any] | None = None,
     from_template: dict[str, list[str]] = {}  # template id -> profiled operator ids
     for s in live:
         op_id, siblings = ids[s.tid]
-        prev = w.before.get(s.tid)
-        ran = s.run_ns - (prev.run_ns if prev else 0)
-        cpu_util = min(1.0, max(0.0, ran / (w.seconds * 1e9)))
-        op: dict[str, Any] = {"id": op_id, "cpu_util": round(cpu_util, 6), "mem_bw": None,
-                              "blocking": False}
-        if siblings:
-            op["siblings"] = siblings
-        op.update({"tid": s.tid, "comm": s.comm, "started_in_window": prev is None})
-        if s.wait_ns is not None:
-            waited = s.wait_ns - ((prev.wait_ns or 0) if prev else 0)
-            op["runqueue_wait"] = round(max(0.0, waited / (w.seconds * 1e9)), 6)
-        c = w.counters.get(s.tid)
-        if c:
-            instr, cycles, misses = c.get("instructions"), c.get("cycles"), c.get("llc_misses")
-            op.update({"instructions": instr, "cycles": cycles, "llc_misses": misses,
-                       "ipc": round(instr / cycles, 4) if instr and cycles else None})
-            if misses is not None:
-                op["mem_bw"] = round(misses * perf.CACHE_LINE_BYTES / w.seconds, 1)
+        op = _measured_operator(w, s, op_id, siblings)
         t = tmpl_ops.get(s.comm) or tmpl_ops.get(by_comm.get(s.comm, ""))
         if t is not None:
             if siblings is None:
@@ -141,15 +124,6 @@ def to_graph(w: Window, template: dict[str, Any] | None = None,
                 for y in from_template.get(b, []):
                     if [x, y] not in edges:
                         edges.append([x, y])
-    gone = sorted(set(w.before) - set(w.after))
-    warnings = []
-    waits = [op["runqueue_wait"] for op in operators if "runqueue_wait" in op]
-    busy = [op for op in operators if op.get("runqueue_wait", 0) > CONTENDED_WAIT]
-    if busy:
-        warnings.append(
-            f"{len(busy)} thread(s) waited for a CPU more than {CONTENDED_WAIT:.0%} of the window "
-            f"(up to {max(waits):.0%}): the machine was contended, so cpu_util may understate what "
-            "they need; profile on an idle machine, or with the threads pinned one per core, as the paper does")
     return {
         "operators": operators,
         "edges": edges,
@@ -161,8 +135,42 @@ def to_graph(w: Window, template: dict[str, Any] | None = None,
                     "mem_bw": "LLC misses x 64 B / window (Eq. 2)" if w.pmu[0] else
                     "unknown: no hardware counters" + (" (taken from the template where given)" if template else "")},
             "threads": len(operators),
-            "exited_during_window": gone,
+            "exited_during_window": sorted(set(w.before) - set(w.after)),
             "template_operators_not_running": sorted(set(tmpl_ops) - set(from_template)),
-            "warnings": warnings,
+            "warnings": _contention_warnings(operators),
         },
     }
+
+
+def _measured_operator(w: Window, s: ThreadSample, op_id: str, siblings: str | None) -> dict[str, Any]:
+    """One thread's operator as the window measured it: cpu_util, run-queue wait, counters."""
+    prev = w.before.get(s.tid)
+    ran = s.run_ns - (prev.run_ns if prev else 0)
+    cpu_util = min(1.0, max(0.0, ran / (w.seconds * 1e9)))
+    op: dict[str, Any] = {"id": op_id, "cpu_util": round(cpu_util, 6), "mem_bw": None,
+                          "blocking": False}
+    if siblings:
+        op["siblings"] = siblings
+    op.update({"tid": s.tid, "comm": s.comm, "started_in_window": prev is None})
+    if s.wait_ns is not None:
+        waited = s.wait_ns - ((prev.wait_ns or 0) if prev else 0)
+        op["runqueue_wait"] = round(max(0.0, waited / (w.seconds * 1e9)), 6)
+    c = w.counters.get(s.tid)
+    if c:
+        instr, cycles, misses = c.get("instructions"), c.get("cycles"), c.get("llc_misses")
+        op.update({"instructions": instr, "cycles": cycles, "llc_misses": misses,
+                   "ipc": round(instr / cycles, 4) if instr and cycles else None})
+        if misses is not None:
+            op["mem_bw"] = round(misses * perf.CACHE_LINE_BYTES / w.seconds, 1)
+    return op
+
+
+def _contention_warnings(operators: list[dict[str, Any]]) -> list[str]:
+    """A warning when threads waited for a CPU: their cpu_util may understate what they need."""
+    waits = [op["runqueue_wait"] for op in operators if "runqueue_wait" in op]
+    busy = [op for op in operators if op.get("runqueue_wait", 0) > CONTENDED_WAIT]
+    if not busy:
+        return []
+    return [f"{len(busy)} thread(s) waited for a CPU more than {CONTENDED_WAIT:.0%} of the window "
+            f"(up to {max(waits):.0%}): the machine was contended, so cpu_util may understate what "
+            "they need; profile on an idle machine, or with the threads pinned one per core, as the paper does"]

@@ -1,0 +1,101 @@
+"""The direct query channel: a second socket straight to the SKB server (docs/protocol.md).
+
+The daemon offers it in its hello reply; the calling thread sends a query and reads its answer
+itself.  When it fails, queries go through the daemon, and the channel is tried again now and then.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import threading
+import time
+from typing import Any
+
+from cod.protocol.framing import MAX_FRAME_BYTES, FrameDecoder, FrameError, encode
+from cod.protocol.jsonrpc import PROTOCOL_VERSION
+
+from .errors import CodError, ConnectionLost, ProtocolMismatch, error_from_reply
+from .parts import ClientParts, log
+from .transport import _loads
+
+
+class DirectQueries(ClientParts):
+    """The direct channel part of `Client`: opening, dropping and reopening it."""
+
+    @property
+    def direct(self) -> bool:
+        """Whether queries currently take the direct channel to the SKB."""
+        return self._direct is not None
+
+    def _open_direct(self, offer: dict[str, Any] | None) -> None:
+        old, self._direct = self._direct, None
+        if old is not None:
+            old.close()
+        if not offer or not self.direct_queries:
+            return
+        try:
+            self._direct = _DirectChannel(str(offer["socket"]), str(offer["token"]), self.call_timeout_s)
+        except (OSError, CodError, KeyError) as err:
+            log.info("no direct query channel (%s); queries go through the RM", err)
+
+    def _drop_direct(self, direct: "_DirectChannel") -> None:
+        if self._direct is direct:
+            self._direct = None
+            self._direct_retry_at = time.monotonic() + 0.5
+        direct.close()
+
+    def _reopen_direct(self) -> "_DirectChannel | None":
+        """After the direct channel was lost (the SKB restarted), try it again now and then."""
+        offer = self.server_info.get("skb")
+        if not offer or not self.direct_queries or time.monotonic() < self._direct_retry_at:
+            return None
+        with self._state_lock:
+            if self._direct is None:
+                self._direct_retry_at = time.monotonic() + 0.5
+                self._open_direct(offer)
+        return self._direct
+
+
+class _DirectChannel:
+    """The direct query socket to the SKB server: one request at a time, read by its caller."""
+
+    def __init__(self, path: str, token: str, timeout: float | None) -> None:
+        self.lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._decoder = FrameDecoder(MAX_FRAME_BYTES)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.connect(path)
+            info = self.call("hello", {"version": PROTOCOL_VERSION, "token": token}, timeout)
+        except BaseException:
+            self._sock.close()
+            raise
+        self.app = info.get("app")
+
+    def call(self, method: str, params: dict[str, Any], timeout: float | None) -> Any:
+        rid = next(self._ids)
+        self._sock.settimeout(timeout)
+        try:
+            self._sock.sendall(encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
+            while True:
+                data = self._sock.recv(1 << 18)
+                if not data:
+                    raise ConnectionLost("the SKB closed the direct channel")
+                for body in self._decoder.feed(data):
+                    msg = _loads(body)
+                    if msg.get("id") == rid:
+                        if "error" in msg:
+                            raise error_from_reply(msg["error"])
+                        return msg.get("result")
+        except socket.timeout:
+            raise ConnectionLost(f"{method}: no answer on the direct channel within {timeout} s") from None
+        except FrameError as err:
+            raise ProtocolMismatch(f"bad frame on the direct channel: {err}") from None
+
+    def close(self) -> None:
+        try:
+            self._sock.close()
+        except OSError:
+            pass
