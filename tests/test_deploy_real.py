@@ -109,7 +109,9 @@ def test_profile_deploy_and_pin_named_operator_threads(exe):
 @pytest.mark.timeout(1500)
 def test_profile_pipes_into_deploy_plan(exe):
     with bench_lock():
-        ops = opthreads.start(exe, DUTIES, seconds=4)
+        # Until stopped below: on a busy machine `cod profile` alone took 3.7 s to start, and threads
+        # that ran 4 s were gone before it sampled them.
+        ops = opthreads.start(exe, DUTIES, seconds=120)
         try:
             ops.go()
             time.sleep(0.3)
