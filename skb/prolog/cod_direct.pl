@@ -137,6 +137,7 @@ not_revoked(E) :-
 accept_loop(AcceptFd) :-
     repeat,
     catch(tcp_accept(AcceptFd, Socket, _Peer), E, (print_message(warning, E), fail)),
+    get_time(Accepted),   % the order of arrival: threads may start in another order
     direct_option(max_connections, Max),
     flag(cod_direct_connections, N, N),
     (   N >= Max
@@ -144,7 +145,7 @@ accept_loop(AcceptFd) :-
     ;   make_room_for_hello,
         flag(cod_direct_connections, N1, N1+1),
         direct_option(stack_limit, Stack),
-        catch(thread_create(serve_connection(Socket), _,
+        catch(thread_create(serve_connection(Socket, Accepted), _,
                             [detached(true), stack_limit(Stack)]),
               _,
               ( flag(cod_direct_connections, N2, N2-1),
@@ -168,10 +169,9 @@ make_room_for_hello :-
     ;   catch(thread_signal(Oldest, throw(cod_evicted)), _, true)
     ).
 
-serve_connection(Socket) :-
+serve_connection(Socket, Accepted) :-
     thread_self(Me),
-    get_time(Now),
-    with_mutex(cod_direct_conns, assertz(conn_state(Me, pending(Now)))),
+    with_mutex(cod_direct_conns, assertz(conn_state(Me, pending(Accepted)))),
     setup_call_cleanup(
         tcp_open_socket(Socket, Pair),
         serve_pair(Pair),
