@@ -113,6 +113,18 @@ class Admission:
                        persistent: bool, enforced_by: str = "daemon") -> Task:
         """Admit a task with its application's facts and procedures, all or nothing."""
         app = app_of(conn)
+        self.registry.arriving[pid] += 1
+        try:
+            return await self._register(conn, app, name, pid, plain, derived, facts, procedures, persistent,
+                                        enforced_by)
+        finally:
+            self.registry.arriving[pid] -= 1
+            if self.registry.arriving[pid] <= 0:
+                del self.registry.arriving[pid]
+
+    async def _register(self, conn: Connection, app: str, name: str, pid: int, plain: dict[str, Any],
+                        derived: dict[str, Derived], facts: list[str], procedures: list[str],
+                        persistent: bool, enforced_by: str) -> Task:
         async with self.knowledge.uid_lock(conn.peer.uid):
             limits = quotas.write_limits(self.cfg, self.registry, app, conn.peer.uid)
             owner = PERSISTENT if persistent else conn.id

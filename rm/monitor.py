@@ -125,7 +125,7 @@ class Monitor:
 
     def _ours(self) -> set[int]:
         """Pids the busy detector must not report: registered tasks, their children, the SKB engine."""
-        pids = {pid for t in self.rm.tasks() for pid in t.pids()}
+        pids = self.rm.managed_pids()
         pids |= self.rm.demands.members()  # elastic groups' processes are managed, not busy strangers
         skb = self.skb_pid()
         if skb is not None:
@@ -221,9 +221,11 @@ class Monitor:
         if not self.confine:
             return
         planned = self.rm.publisher.planned_cpus()
-        members = self.rm.demands.members()
+        ours = self._ours()
         for pid, other in self.rm.demands.busy().items():
-            if pid in members:  # it joined an elastic group: the group places it now, not this
+            # It registered, or joined an elastic group, since it was found busy: its task or
+            # group places it now (confining it would take it out of its task's cgroup).
+            if pid in ours:
                 self._unconfine(pid)
                 continue
             target = confinement_target(other, planned, self.all_cpus)

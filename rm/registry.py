@@ -10,6 +10,7 @@ themselves, the ResourceManager does (:mod:`cod.rm.service`).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -130,6 +131,9 @@ class Registry:
         self.subscriptions: dict[int, Subscription] = {}
         self.app_owner: dict[str, int] = {}  # application name -> the uid that owns it
         self.usage: dict[str, Usage] = {}  # application -> what it holds in the SKB
+        # Processes whose registration is under way: pinned before the task is in ``tasks``, and
+        # from then on no busy stranger (the monitor would otherwise confine them away).
+        self.arriving: Counter[int] = Counter()
         self._next_conn = 1
         self._next_sub = 1
 
@@ -198,6 +202,10 @@ class Registry:
     # ---- tasks -----------------------------------------------------------------------------
     def uid_tasks(self, uid: int) -> list[Task]:
         return [t for t in self.tasks.values() if t.owner_uid == uid]
+
+    def managed_pids(self) -> set[int]:
+        """Processes of registered tasks (and their children) and of registrations under way."""
+        return {pid for t in self.tasks.values() for pid in t.pids()} | set(self.arriving)
 
     def task_pids(self) -> dict[int, Task]:
         return {t.pid: t for t in self.tasks.values()}

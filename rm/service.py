@@ -92,6 +92,10 @@ class ResourceManager:
     def tasks(self) -> list[Task]:
         return list(self.registry.tasks.values())
 
+    def managed_pids(self) -> set[int]:
+        """Processes that registered tasks hold, or whose registration is under way."""
+        return self.registry.managed_pids()
+
     def task_of_pid(self, pid: int) -> Task | None:
         """The task a process belongs to: its own pid or one of its children."""
         return self.registry.task_of_pid(pid)
@@ -129,7 +133,8 @@ class ResourceManager:
     async def busy_changed(self, others: dict[int, OtherTask], why: str) -> int:
         """The unregistered busy processes are now ``others``: recompute, record them in the SKB
         (through the publisher, in order with the allocation), tell subscribers."""
-        added = self.demands.set_others(others)
+        managed = self.registry.managed_pids()  # registered since the monitor's sample
+        added = self.demands.set_others({pid: o for pid, o in others.items() if pid not in managed})
         gen = self.admission.schedule(why)
         await self.publisher.write(self.demands.other_facts(), "writing other_task facts")
         self.knowledge.changed(None)

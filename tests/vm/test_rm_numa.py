@@ -61,6 +61,14 @@ def conn(rm):
     c.close()
 
 
+def wait_for(rm: Daemon, check, what: str):
+    """wait_until with the daemon's last log lines in the failure: a guest run leaves nothing else."""
+    try:
+        return wait_until(check, SLOW, what)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n--- the daemon's log, last lines ---\n{rm.log_text()[-6000:]}") from None
+
+
 def node_of(topo, cpu: int) -> int:
     return cpu // topo.cpus_per_node
 
@@ -77,7 +85,7 @@ def test_a_numa_sensitive_task_gets_one_nodes_cpus_and_its_pages_are_there(topo,
         nodes = {node_of(topo, c) for c in cores}
         assert len(cores) == 2 and len(nodes) == 1, cores
         node = nodes.pop()
-        wait_until(lambda: os.sched_getaffinity(t.pid) == set(cores), SLOW, "db pinned")
+        wait_for(rm, lambda: os.sched_getaffinity(t.pid) == set(cores), "db pinned")
         cgroup_confines(t.pid, cores, (node,))
         addr = t.touch(32)
         pages = node_pages(t.pid, addr)
@@ -92,7 +100,7 @@ def test_a_newcomer_is_placed_away_from_a_numa_sensitive_tasks_node(topo, rm, co
     hog = spawn(1, "spin")
     for tid in hog.tids:  # it starts on db's CPU
         os.sched_setaffinity(tid, home)
-    wait_until(lambda: all(not set(os.sched_getaffinity(t)) & node_cpus for t in hog.tids), SLOW,
-               f"the newcomer kept off db's node {sorted(node_cpus)}")
+    wait_for(rm, lambda: all(not set(os.sched_getaffinity(t)) & node_cpus for t in hog.tids),
+             f"the newcomer kept off db's node {sorted(node_cpus)}")
     assert sorted(os.sched_getaffinity(db.pid)) == home
     assert conn.call("deregister_task", {"task": "db"}).get("result") is not None
