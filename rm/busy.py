@@ -59,8 +59,10 @@ class BusyPolicy:
         return quiet_run >= self.quiet_window
 
     def worth_reading_wait(self, use: float) -> bool:
-        """Only a process that runs at all can be starved: its run-queue wait is read from here."""
-        return use >= self.threshold / 4
+        """Only a process that runs at all can be starved: its run-queue wait is read from here.
+        Any CPU time counts: four spinners sharing one CPU with a busy neighbour got under an
+        eighth of a core each (a quarter of the threshold, the old gate) and were never seen."""
+        return use > 0
 
     def worth_scanning(self, unexplained_cores: float) -> bool:
         """CPU time nobody known explains: enough to scan every process."""

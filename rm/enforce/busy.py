@@ -10,8 +10,9 @@ its threads' run-queue wait (``/proc/PID/task/TID/schedstat``) is added to
 its CPU time.  Three spinners sharing one CPU each get a third of it, under
 the threshold, yet each wants a whole core; counting only CPU time, the RM
 would never see them and would forget a hog once newcomers share its CPU.
-The wait is read only for a process that already uses a quarter of the
-threshold, so a scan costs no more on a machine of idle processes.
+The wait is read only for a process that ran at all since the last sample,
+and from then on while it is followed (a starved process may get no tick in one
+interval: its baseline is kept), so a scan costs no more on a machine of idle processes.
 
 Cost is what decides the design (figures in docs/design-enforce.md): reading
 /proc/PID/stat of every process costs ~9 us each on the test box, ~3.4 ms for
@@ -142,7 +143,7 @@ class BusyDetector:
         """Cores ``pid`` used or waited for between ``old`` and ``new`` (sets ``new.wait_ns``)."""
         dt = new.at - old.at
         use = (new.ticks - old.ticks) / CLK_TCK / dt
-        if self.policy.worth_reading_wait(use):
+        if old.wait_ns is not None or self.policy.worth_reading_wait(use):
             new.wait_ns = procfs.schedstat_delay_ns(pid, self.proc)
             if new.wait_ns is not None and old.wait_ns is not None and new.wait_ns >= old.wait_ns:
                 use += (new.wait_ns - old.wait_ns) / 1e9 / dt
