@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
+from .disturbance import disturbance_pairs
 from .problem import effective_max, is_e1, is_other, lexicographic_weights, priority_levels
 from .model import TaskSpec
 from .relaxation import relaxed_levels
@@ -279,14 +280,7 @@ def _o5_o7_other_terms(b: _Builder) -> list[tuple[cp_model.LinearExprT, int]]:
             m.add(sum(b.kept_of[t.name]) >= here - here * tv)
         touched.append(tv)
     # O6: (other, sensitive task) pairs sharing a domain (cache) or node (numa)
-    pairs = []
-    for o in b.others:
-        for t, use, units in [(t, b.y, range(b.view.n_domains)) for t in b.cache_sens] + \
-                             [(t, b.z, b.view.nodes) for t in b.numa_sens]:
-            pv = m.new_bool_var(f"near{o.name}_{t.name}")
-            for u in units:
-                m.add(pv >= use[o.name, u] + use[t.name, u] - 1)
-            pairs.append(pv)
+    pairs = disturbance_pairs(m, b.others, b.cache_sens, b.numa_sens, b.y, b.z, range(b.view.n_domains), b.view.nodes)
     # O7: the CPUs others keep
     other_kept = [kv for o in b.others for kv in b.kept_of.get(o.name, ())]
     other_cap = sum(len(set(current.get(o.name, ())) & set(b.class_of)) for o in b.others)

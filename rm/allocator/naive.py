@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 
 from ortools.sat.python import cp_model
 
+from .disturbance import disturbance_pairs
 from .problem import allowed_cpus, effective_max, is_e1, is_other, lexicographic_weights, priority_levels
 from .model import TaskSpec
 from .topology import View
@@ -207,14 +208,7 @@ def _o5_o7_terms(n: _Naive, current: Mapping[str, Sequence[int]]) -> list[tuple[
             m.add(b[t.name, c] + tv >= 1)
         touched.append(tv)
     # O6: (other, sensitive task) pairs sharing a domain (cache) or node (numa)
-    pairs = []
-    for o in n.others:
-        for t, use, units in [(t, n.y, range(n.view.n_domains)) for t in n.cache_sens] + \
-                             [(t, n.z, n.view.nodes) for t in n.numa_sens]:
-            pv = m.new_bool_var(f"near{o.name}_{t.name}")
-            for u in units:
-                m.add(pv >= use[o.name, u] + use[t.name, u] - 1)
-            pairs.append(pv)
+    pairs = disturbance_pairs(m, n.others, n.cache_sens, n.numa_sens, n.y, n.z, range(n.view.n_domains), n.view.nodes)
     other_kept = [b[o.name, c] for o in n.others for c in current.get(o.name, ()) if (o.name, c) in b]
     return [(-sum(touched) if touched else 0, len(touched)), (-sum(pairs) if pairs else 0, len(pairs)),
             (sum(other_kept) if other_kept else 0, len(other_kept))]
