@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
@@ -22,14 +21,14 @@ import pytest
 from cod.client import Client
 from cod.client.errors import AlreadyExists, InvalidRequest, NotFound, PermissionDenied
 from cod.protocol import jsonrpc as rpc
+from cod.rm.enforce.procfs import format_cpu_list
 from helpers.cgroups import temp_cgroup
 from helpers.procs import allowed_list, spawn, spinner_cmd  # noqa: F401 (fixtures)
 from helpers.waiting import wait_until
-from test_rm_support import COD, RawConn, as_user, start_daemon
+from test_rm_support import COD, NOBODY, RawConn, as_user, shared_dir, start_daemon
 
 ALL = sorted(os.sched_getaffinity(0))
 ROOT = os.geteuid() == 0
-NOBODY = 65534
 two_cpus = pytest.mark.skipif(len(ALL) < 2, reason="needs at least 2 CPUs")
 PERIOD = 0.2
 # The net reads load plus run-queue wait (delay accounting): on this shared machine other engineers'
@@ -44,8 +43,6 @@ PERIOD_KEYS = {"t", "at", "load", "cpu_s", "delay_s", "n_before", "n_after", "cp
 
 
 def cpus_text(cpus) -> str:
-    from cod.rm.enforce.procfs import format_cpu_list
-
     return format_cpu_list(cpus)
 
 
@@ -361,9 +358,8 @@ def _as_nobody(path, root_pid, root_cgroup, root_group):
 
 @pytest.mark.skipif(not ROOT, reason="needs root to become another user")
 def test_a_uid_manages_its_own_processes_only(spawn):
-    with tempfile.TemporaryDirectory(prefix="cod-elastic-") as tmp:
-        os.chmod(tmp, 0o755)
-        d = elastic_daemon(Path(tmp))
+    with shared_dir("cod-elastic-") as tmp:
+        d = elastic_daemon(tmp)
         try:
             sp = spawn(1, "sleep")
             with Client(str(d.path)) as c:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
-from test_rm_support import NOBODY, RawConn, as_user, magny, start_daemon  # noqa: F401  (magny is a fixture)
+from test_rm_support import NOBODY, RawConn, as_user, magny, shared_dir, start_daemon  # noqa: F401  (magny is a fixture)
 
 from cod.protocol import jsonrpc as rpc
 
@@ -53,9 +51,8 @@ def _unprivileged_client_enforced(path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
 def test_only_privileged_clients_may_enforce_their_tasks():
-    with tempfile.TemporaryDirectory(prefix="cod-rm-test-") as tmp:
-        os.chmod(tmp, 0o755)
-        d = start_daemon(Path(tmp), "--machine", "magnycours")
+    with shared_dir("cod-rm-test-") as tmp:
+        d = start_daemon(tmp, "--machine", "magnycours")
         try:
             assert as_user(NOBODY, _unprivileged_client_enforced, d.path) == 0
         finally:

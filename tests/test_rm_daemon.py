@@ -6,16 +6,13 @@ import os
 import signal
 import socket
 import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from cod.protocol import jsonrpc as rpc
-from test_rm_support import COD, RawConn, as_user, magny, start_daemon  # noqa: F401  (magny is a fixture)
+from test_rm_support import COD, NOBODY, RawConn, as_user, magny, shared_dir, start_daemon  # noqa: F401  (magny is a fixture)
 
-NOBODY = 65534
 
 
 # ---- lifecycle ------------------------------------------------------------------------------
@@ -243,9 +240,8 @@ def _unprivileged_client(path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to become another user")
 def test_peer_credentials_limit_what_a_client_may_do():
     # pytest's tmp_path is private to root: the other user needs a directory it can enter.
-    with tempfile.TemporaryDirectory(prefix="cod-rm-test-") as tmp:
-        os.chmod(tmp, 0o755)
-        d = start_daemon(Path(tmp), "--machine", "magnycours")
+    with shared_dir("cod-rm-test-") as tmp:
+        d = start_daemon(tmp, "--machine", "magnycours")
         try:
             root = RawConn(d.path)
             root.hello("rootapp")

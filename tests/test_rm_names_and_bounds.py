@@ -8,16 +8,13 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
 from cod.protocol import jsonrpc as rpc
-from test_rm_support import RawConn, as_user, start_daemon
+from test_rm_support import NOBODY, RawConn, as_user, shared_dir, start_daemon
 
-NOBODY = 65534
 ROOT = os.geteuid() == 0
 
 
@@ -78,9 +75,8 @@ def test_visible_names_are_still_accepted(daemon, name):
 # ---- application names per uid ----------------------------------------------------------------------
 @pytest.mark.skipif(not ROOT, reason="needs root to become another user")
 def test_a_uid_holds_at_most_max_apps_per_uid_names_persistent_ones_included():
-    with tempfile.TemporaryDirectory(prefix="cod-names-") as tmp:
-        os.chmod(tmp, 0o755)
-        d = start_daemon(Path(tmp), "--machine", "magnycours", "--set", "max_apps_per_uid=3")
+    with shared_dir("cod-names-") as tmp:
+        d = start_daemon(tmp, "--machine", "magnycours", "--set", "max_apps_per_uid=3")
         try:
             def nobody() -> None:
                 for i in range(3):  # three names keep persistent facts after their connection goes

@@ -7,7 +7,6 @@ import json
 import os
 import socket
 import struct
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -16,9 +15,8 @@ import pytest
 
 from cod.client import Client, QuotaExceeded
 from cod.protocol import jsonrpc as rpc
-from test_rm_support import RawConn, as_user, start_daemon
+from test_rm_support import NOBODY, RawConn, as_user, shared_dir, start_daemon
 
-NOBODY = 65534
 ROOT = os.geteuid() == 0
 
 
@@ -32,12 +30,11 @@ def daemon(tmp_path: Path, *settings: str, machine: str = "magnycours"):
 @pytest.fixture
 def open_daemon():
     """A daemon in a directory every user may enter (the socket is 0666, as by default)."""
-    with tempfile.TemporaryDirectory(prefix="cod-sec-") as tmp:
-        os.chmod(tmp, 0o755)
+    with shared_dir("cod-sec-") as tmp:
         started = []
 
         def start(*settings: str, machine: str = "magnycours"):
-            d = daemon(Path(tmp), *settings, machine=machine)
+            d = daemon(tmp, *settings, machine=machine)
             started.append(d)
             return d
 

@@ -5,11 +5,13 @@ No test functions here; test_rm_*.py and test_client_*.py import from it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,6 +132,15 @@ class RawConn:
 
 
 NOBODY = 65534  # the unprivileged uid (nobody) the tests become
+
+
+@contextlib.contextmanager
+def shared_dir(prefix: str = "cod-test-"):
+    """A temporary directory every user may enter (pytest's tmp_path is private to root): a
+    daemon started there can be reached by a client run ``as_user(NOBODY, ...)``."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        os.chmod(tmp, 0o755)
+        yield Path(tmp)
 
 
 def as_user(uid: int, fn, *args):

@@ -9,7 +9,6 @@ import json
 import os
 import socket
 import struct
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -20,9 +19,8 @@ from cod.client import Client
 from cod.client.errors import QueryTimeout
 from cod.protocol import jsonrpc as rpc
 from cod.skb import AsyncSKB, EngineConfig, SKBError
-from test_rm_support import RawConn, as_user, start_daemon
+from test_rm_support import NOBODY, RawConn, as_user, shared_dir, start_daemon
 
-NOBODY = 65534
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="needs root to become another user")
 
@@ -30,15 +28,14 @@ needs_root = pytest.mark.skipif(not ROOT, reason="needs root to become another u
 @pytest.fixture
 def open_daemon():
     """A daemon in a directory every user may enter (the sockets are 0666, as by default)."""
-    with tempfile.TemporaryDirectory(prefix="cod-pool-") as tmp:
-        os.chmod(tmp, 0o755)
+    with shared_dir("cod-pool-") as tmp:
         started = []
 
         def start(*settings: str):
             args = ["--machine", "magnycours"]
             for s in settings:
                 args += ["--set", s]
-            d = start_daemon(Path(tmp), *args)
+            d = start_daemon(tmp, *args)
             started.append(d)
             return d
 
