@@ -66,6 +66,12 @@ main :-
               step(thread_self, thread_self(_)),
               step(get_time, get_time(_))
             ],
+    (   getenv('COD_PROFILE_RSS', _)
+    ->  forall(member(step(Name, Goal), Steps),
+               ( rss_kb(R0), forall(between(1, N, _), once(Goal)), rss_kb(R1), D is R1 - R0,
+                 format(user_error, "~w: +~w kB~n", [Name, D]) ))
+    ;   true
+    ),
     findall(Name-Us, ( member(step(Name, Goal), Steps), ( time_step(Goal, N, Us) -> true ; Us = failed ) ), Pairs),
     dict_pairs(D, _, Pairs),
     json_write_dict(current_output, D, [width(0)]), nl.
@@ -145,3 +151,9 @@ frame_memfile_before(Out, MF, Writer) :-
     put_byte(Out, B0), put_byte(Out, B1), put_byte(Out, B2), put_byte(Out, B3),
     setup_call_cleanup(open_memory_file(MF, read, R, [encoding(octet)]), copy_stream_data(R, Out), close(R)),
     flush_output(Out).
+
+rss_kb(KB) :-
+    read_file_to_string('/proc/self/status', S, []),
+    sub_string(S, B, _, _, "VmRSS:"), !,
+    sub_string(S, B, 40, _, Line), split_string(Line, " \t\n", " \t\n", [_|Ws]),
+    include([W]>>(W \== ""), Ws, [V|_]), number_string(KB, V).

@@ -139,21 +139,33 @@ LISTING1_FACTS = ["db_ntuple(3750000)", "db_tsize(315)", "db_nquery(2048)", "db_
 COST_FN = "db_cost_fn(X, Y, Z, NrCores) :- NrCores is (X * ((0.47 * Y) + 265.29)) / (3750000 * Z)."
 
 
-def bench_listing1(sock: str, n: int) -> dict[str, float]:
-    """Connect, then one register_task carrying properties, facts and cost function; stop at the upcall."""
-    times = []
+def bench_listing1(sock: str, n: int) -> dict[str, object]:
+    """Connect, then one register_task carrying properties, facts and cost function; stop at the upcall.
+
+    Beside the total, where it goes: connect (hello, and the direct channel's hello), the
+    register_task call until its reply, and the upcall after that reply."""
+    times: list[float] = []
+    parts: dict[str, list[float]] = {"connect": [], "register_task_reply": [], "upcall_after_reply": []}
     for i in range(n):
         got = threading.Event()
+        at: list[float] = []
         t0 = time.perf_counter()
         c = Client.connect(sock, app=f"cscs{i}")
+        t1 = time.perf_counter()
         c.register_task(f"cscs{i}", max_cores=2, bound="cpu", sensitive=["cache", "numa"],
-                        facts=LISTING1_FACTS, procedures=[COST_FN], on_allocation=lambda e: got.set())
+                        facts=LISTING1_FACTS, procedures=[COST_FN],
+                        on_allocation=lambda e: (at.append(time.perf_counter()), got.set()))
+        t2 = time.perf_counter()
         got.wait(5)
         times.append(time.perf_counter() - t0)
+        parts["connect"].append(t1 - t0)
+        parts["register_task_reply"].append(t2 - t1)
+        parts["upcall_after_reply"].append(max(0.0, at[0] - t2) if at else 5.0)
         c.close()
         time.sleep(0.01)  # let the daemon forget the task before the next round
-    out = summary_us(times)
+    out: dict[str, object] = dict(summary_us(times))
     out["calls"] = 2  # hello (inside connect) + register_task
+    out["parts_median_us"] = {k: summary_us(v)["median_us"] for k, v in parts.items()}
     return out
 
 
