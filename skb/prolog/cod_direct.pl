@@ -252,8 +252,9 @@ read_frame(In, B0, Outcome) :-
 %   text.  A peer that hangs up in the middle of a frame ends the session.
 %   The bytes are read as one Latin-1 string (In is binary) and decoded
 %   from UTF-8 in C (string_bytes/3): the same text as through a memory
-%   file, at a fifth of its cost (docs/design-rm.md, "Where the
-%   microseconds go").
+%   file, at a bit more than half its CPU (docs/design-rm.md, "Where
+%   the microseconds go").  The byte list costs 24 bytes of stack per
+%   byte: 24 MB for a frame at the 1 MiB limit, under the 256 MiB stack.
 read_body(In, Size, Body) :-
     read_string(In, Size, Raw),
     (   string_length(Raw, Size)
@@ -522,7 +523,8 @@ rpc_code(SkbCode, Code) :-
 %   frame_body(+Out, :Writer): write what Writer prints as one frame
 %   (length in bytes, then the UTF-8 body).  A body over the frame limit
 %   becomes an error reply for this request.  Writer prints into a string;
-%   its UTF-8 bytes go to Out (binary) in one write.
+%   its UTF-8 bytes go to Out (binary) in one write (answer_size_within/2
+%   has bounded the text before it is written).
 :- meta_predicate frame_body(+, 0).
 frame_body(Out, Writer) :-
     with_output_to(string(Text), Writer),

@@ -68,6 +68,14 @@ test(long_text_left_to_the_library, [fail]) :-
     format(string(S), '{"pad":"~s"}', [Cs]),
     fast_json_dict(S, _).
 
+%   Nesting deeper than the reader's C stack: left to the library.
+test(deep_nesting_left_to_the_library, [fail]) :-
+    length(L, 30000), maplist(=(0'[), L),
+    length(R, 30000), maplist(=(0']), R),
+    append([`{"a":`, L, R, `}`], Cs),
+    string_codes(S, Cs),
+    fast_json_dict(S, _).
+
 test(not_a_string, [error(type_error(string, abc))]) :-
     fast_json_dict(abc, _).
 
