@@ -14,7 +14,7 @@ also a Prolog term: a `{}/1` term of `Key:Value` pairs, with strings,
 numbers and the atoms true, false and null.  SWI-Prolog's reader (C)
 reads it in a quarter of the time library(http/json) (Prolog) takes; with
 the checks below the whole costs about four fifths of the library's
-(12.0 against 14.9 CPU us for a query's request; docs/design-rm.md).
+(13.0 against 15.2 CPU us for a query's request; docs/design-rm.md).
 
 fast_json_dict/2 takes this road only for text on which the reader and
 library(http/json) agree: no backslash (the escapes differ; raw control
