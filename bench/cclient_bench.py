@@ -2,9 +2,11 @@
 """libcod (the C client) beside the Python client and the raw socket, in one run; prints JSON.
 
 * query: `execute_query` of one fact, C (clients/c/bench/cod_bench.c) and Python (`cod.client`),
-  interleaved in rounds so both see the same load; the framed echo of the same request frame
-  (C client, asyncio echo server) is the floor.  Targets: C <= 1.25x Python while queries go
-  through the RM; C <= 1.5x the echo once the direct SKB channel exists.
+  interleaved in rounds with the floor so all see the same load: a blocking framed echo of the
+  same request frame between two processes (bench/echo_floor.py), C client to the C server and
+  Python client to the Python server; the asyncio echo server (the floor before issue 31) as a
+  labelled column.  Targets: C <= 1.25x Python; C <= 4x the C blocking echo; Python <= 5x the
+  Python blocking echo.
 * add_facts: batches of 10,000 facts, one `cod_add_facts` each (target >= 100,000 facts/s),
   interleaved with the Python client's `add_facts` of the same size and the SKB engine adding
   them alone (no socket, no RM: the floor any client can reach); the C client's own CPU time.
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import re
 import shutil
@@ -32,7 +33,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rm_bench import _echo_server, bench_echo, bench_listing1, bench_query_client, start_daemon  # noqa: E402
+from echo_floor import EchoServers  # noqa: E402
+from rm_bench import bench_listing1, bench_query_client, start_daemon  # noqa: E402
 
 from cod.client import Client  # noqa: E402
 
@@ -127,47 +129,50 @@ def main() -> int:
     results: dict[str, object] = {"loadavg_before": os.getloadavg(), "cpus_here": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="cod-cclient-bench-") as tmpd:
         tmp = Path(tmpd)
-        echo_path = str(tmp / "echo.sock")
-        echo = mp.Process(target=_echo_server, args=(echo_path,), daemon=True)
-        echo.start()
-        while not os.path.exists(echo_path):
-            time.sleep(0.01)
-        proc = start_daemon(tmp, args.machine)
-        sock = str(tmp / "rm.sock")
-        try:
-            c_echo, c_query, py_query = [], [], []
-            for _ in range(rounds):
-                c_echo.append(c_bench("echo", echo_path, per_round))
-                c_query.append(c_bench("query", sock, per_round))
-                py_query.append(bench_query_client(sock, per_round))
-            results["echo_c"] = merge(c_echo)
-            results["query_c"] = merge(c_query) | {"direct_skb_channel": c_query[0]["direct"]}
-            # rm_bench's client figure: direct channel and through the daemon, in alternating blocks
-            results["query_python"] = merge([r["direct"] for r in py_query])
-            results["query_python_through_rm"] = merge([r["through_rm"] for r in py_query])
-            (tmp / "py").mkdir()  # rm_bench's echo (Python socket, its own server) for reference
-            results["echo_python_client"] = bench_echo(tmp / "py", 1000 if args.quick else 10_000)
-            results["add_facts"] = add_facts_side_by_side(sock, args.machine, 3 if args.quick else 10)
-            n1 = 10 if args.quick else 50
-            results["listing1_c"] = c_bench("listing1", sock, n1)
-            results["listing1_python"] = bench_listing1(sock, n1)
-        finally:
-            proc.terminate()
-            proc.wait(10)
-            echo.terminate()
+        with EchoServers(tmp) as echo:
+            proc = start_daemon(tmp, args.machine)
+            sock = str(tmp / "rm.sock")
+            try:
+                c_echo, c_echo_async, py_echo, py_query = [], [], [], []
+                c_query = []
+                for _ in range(rounds):
+                    c_echo.append(c_bench("echo", echo.paths["c"], per_round))
+                    c_echo_async.append(c_bench("echo", echo.paths["asyncio"], per_round))
+                    py_echo.append(echo.python_client("python", per_round))
+                    c_query.append(c_bench("query", sock, per_round))
+                    py_query.append(bench_query_client(sock, per_round))
+                results["echo_c_blocking"] = merge(c_echo)
+                results["echo_python_blocking"] = merge(py_echo)
+                results["echo_c_to_asyncio_server_old_floor"] = merge(c_echo_async)
+                results["query_c"] = merge(c_query) | {"direct_skb_channel": c_query[0]["direct"]}
+                # rm_bench's client figure: direct channel and through the daemon, in alternating blocks
+                results["query_python"] = merge([r["direct"] for r in py_query])
+                results["query_python_through_rm"] = merge([r["through_rm"] for r in py_query])
+                results["add_facts"] = add_facts_side_by_side(sock, args.machine, 3 if args.quick else 10)
+                n1 = 10 if args.quick else 50
+                results["listing1_c"] = c_bench("listing1", sock, n1)
+                results["listing1_python"] = bench_listing1(sock, n1)
+            finally:
+                proc.terminate()
+                proc.wait(10)
         results["fuzz"] = run_fuzz(100_000 if args.quick else 1_000_000, tmp)
     results["json_choice"] = json_choice()
     results["loadavg_after"] = os.getloadavg()
     cq = results["query_c"]["median_us"]  # type: ignore[index]
     pq = results["query_python"]["median_us"]  # type: ignore[index]
-    ec = results["echo_c"]["median_us"]  # type: ignore[index]
+    ec = results["echo_c_blocking"]["median_us"]  # type: ignore[index]
+    ep = results["echo_python_blocking"]["median_us"]  # type: ignore[index]
+    ea = results["echo_c_to_asyncio_server_old_floor"]["median_us"]  # type: ignore[index]
     direct = results["query_c"]["direct_skb_channel"]  # type: ignore[index]
     rate = results["add_facts"]["c_median_facts_per_s"]  # type: ignore[index]
-    results["ratios"] = {"query_c_over_python": round(cq / pq, 3), "query_c_over_echo": round(cq / ec, 3)}
+    results["ratios"] = {"query_c_over_python": round(cq / pq, 3), "query_c_over_c_blocking_echo": round(cq / ec, 2),
+                         "query_python_over_python_blocking_echo": round(pq / ep, 2),
+                         "query_c_over_asyncio_echo_old_floor": round(cq / ea, 2)}
     results["targets"] = {
         # both on the same path: the direct channel when the daemon offers it (C and Python use it alike)
         "query_c_le_1.25x_python": cq <= 1.25 * pq,
-        "query_c_le_1.5x_echo_with_direct_channel": (cq <= 1.5 * ec) if direct else "no direct channel offered yet",
+        "query_c_le_4x_c_blocking_echo": (cq <= 4 * ec) if direct else "no direct channel offered",
+        "query_python_le_5x_python_blocking_echo": pq <= 5 * ep,
         "add_facts_ge_100k_per_s": rate >= 100_000,
         "fuzz_1M_no_crash": results["fuzz"]["runs"] >= (100_000 if args.quick else 1_000_000)  # type: ignore[index]
         and not results["fuzz"]["crashed"],  # type: ignore[index]

@@ -37,9 +37,13 @@ def encode_body(body: bytes, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
+# json.dumps with arguments builds an encoder per call; one built once writes the same text.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+
 def encode(message: Any, max_bytes: int = MAX_FRAME_BYTES) -> bytes:
     """One frame holding `message` as compact JSON."""
-    body = json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    body = _ENCODER.encode(message).encode("utf-8")
     return encode_body(body, max_bytes)
 
 
@@ -52,6 +56,11 @@ class FrameDecoder:
         self._need: int | None = None  # body length of the frame being read, once its header is in
 
     def feed(self, data: bytes) -> list[bytes]:
+        if not self._buf and self._need is None and len(data) >= HEADER_SIZE:
+            # The usual case of a request-reply channel: one whole frame in one read.
+            (size,) = HEADER.unpack_from(data)
+            if size + HEADER_SIZE == len(data) and size <= self.max_bytes:
+                return [bytes(data[HEADER_SIZE:])]
         self._buf += data
         bodies: list[bytes] = []
         while True:

@@ -169,9 +169,12 @@ def _int(text: str) -> int:
 
 
 def loads(data: bytes | str) -> Any:
-    """JSON as this protocol carries it: integers of any size the SKB may send."""
-    return json.loads(data, parse_int=_int)
+    """JSON as this protocol carries it (UTF-8): integers of any size the SKB may send."""
+    return _DECODER.decode(data.decode("utf-8") if isinstance(data, (bytes, bytearray)) else data)
 
+
+# json.loads with arguments builds a decoder per call; this one is built once.
+_DECODER = json.JSONDecoder(parse_int=_int)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

@@ -1,7 +1,7 @@
 """The direct query channel: a second socket straight to the SKB server (docs/protocol.md).
 
-The daemon offers it in its hello reply; the calling thread sends a query and reads its answer
-itself.  When it fails, queries go through the daemon, and the channel is tried again now and then.
+The daemon offers it in its hello reply; the client opens it at its first query (or when asked
+whether it has one), and the calling thread sends a query and reads its answer itself.  When it fails, queries go through the daemon, and the channel is tried again now and then.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ class DirectQueries(ClientParts):
 
     @property
     def direct(self) -> bool:
-        """Whether queries currently take the direct channel to the SKB."""
-        return self._direct is not None
+        """Whether queries currently take the direct channel to the SKB (opened at its first use)."""
+        return (self._direct or self._reopen_direct()) is not None
 
     def _open_direct(self, offer: dict[str, Any] | None) -> None:
         old, self._direct = self._direct, None
@@ -39,11 +39,12 @@ class DirectQueries(ClientParts):
         except (OSError, CodError, KeyError) as err:
             log.info("no direct query channel (%s); queries go through the RM", err)
 
-    def _drop_direct(self, direct: "_DirectChannel") -> None:
+    def _drop_direct(self, direct: "_DirectChannel | None") -> None:
         if self._direct is direct:
             self._direct = None
             self._direct_retry_at = time.monotonic() + 0.5
-        direct.close()
+        if direct is not None:  # None: not opened yet
+            direct.close()
 
     def _reopen_direct(self) -> "_DirectChannel | None":
         """After the direct channel was lost (the SKB restarted), try it again now and then."""

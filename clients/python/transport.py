@@ -47,7 +47,11 @@ class Transport(ClientParts):
         self.app = info["app"]
         self.server_info = info
         self._decoder = decoder
-        self._open_direct(info.get("skb"))
+        # The direct channel of an earlier connection goes; the new one opens at its first use
+        # (DirectQueries.direct, execute_query): a client that only registers tasks never pays
+        # for its connection and hello (docs/design-rm.md, "Where the microseconds go").
+        self._open_direct(None)
+        self._direct_retry_at = 0.0
         if ready:
             self._sock = sock
             self._connected.set()
