@@ -78,6 +78,8 @@ def _solve(view: View, everyone: list[TaskSpec], current: dict[str, tuple[int, .
 def result(req: Request, out: Outcome, start: float, with_bindings: bool = True) -> AllocationResult:
     """The result of ``out``; ``with_bindings`` False leaves every task's
     ``binding`` empty (computed later by ``Allocator.explain``)."""
+    if not out.cache_policy and req.policy.text:  # an outcome of the incremental path
+        out = replace(out, cache_policy=req.policy.text)
     if out.alloc is None:
         return AllocationResult("infeasible", out.solver, (time.perf_counter() - start) * 1e3, (), out.reason,
                                 via=out.via, cache_policy=out.cache_policy)

@@ -139,9 +139,10 @@ class ResctrlEnforcer:
             raise EnforceError("resctrl plan names a group twice")
         for name in sorted(set(self.applied) - set(wanted)):
             problems += self._remove(name)
+        grouped = {p for plan in plans for p in plan.pids}
         for name, plan in sorted(wanted.items()):
             try:
-                self._apply_one(plan)
+                self._apply_one(plan, grouped)
             except ResctrlError as err:
                 hint = " (RMIDs of removed groups are still draining; retried at the next plan)" \
                     if is_busy(err) else ""
@@ -150,7 +151,7 @@ class ResctrlEnforcer:
             log.warning("resctrl: %s", line)
         return problems
 
-    def _apply_one(self, plan: GroupPlan) -> None:
+    def _apply_one(self, plan: GroupPlan, grouped: set[int]) -> None:
         d = group_dir(plan.name)
         old = self.applied.get(plan.name)
         if d not in self.recorded:
@@ -160,15 +161,21 @@ class ResctrlEnforcer:
         if old is None or old.masks != plan.masks or old.bandwidth != plan.bandwidth:
             self.fs.write(f"{d}/schemata", schemata_text(self.info, plan))
         self.applied[plan.name] = GroupPlan(plan.name, dict(plan.masks), (), dict(plan.bandwidth))
+        for pid in sorted(set(old.pids if old else ()) - grouped):
+            self._write_tids("tasks", pid)  # in no group any more: back to the default group
         for pid in plan.pids:
-            for tid in procfs.thread_ids(pid) or [pid]:
-                try:
-                    self.fs.write(f"{d}/tasks", str(tid))
-                except ResctrlError as err:
-                    if not os.path.exists(f"/proc/{tid}"):
-                        continue  # it exited meanwhile
-                    raise err
+            self._write_tids(f"{d}/tasks", pid)
         self.applied[plan.name] = plan
+
+    def _write_tids(self, rel: str, pid: int) -> None:
+        """Every thread of ``pid`` into the ``tasks`` file ``rel`` (resctrl moves single threads)."""
+        for tid in procfs.thread_ids(pid) or [pid]:
+            try:
+                self.fs.write(rel, str(tid))
+            except ResctrlError as err:
+                if os.path.exists(f"/proc/{tid}"):
+                    raise err
+                # it exited meanwhile
 
     def _remove(self, name: str) -> list[str]:
         d = group_dir(name)
