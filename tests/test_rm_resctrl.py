@@ -60,7 +60,11 @@ def test_groups_follow_tasks_and_a_crash_leaves_nothing(tmp_path, fake_tree, spa
     try:
         assert "cache partitioning: resctrl" in d.log_text()
         with Client(str(d.path), app="db") as c:
-            c.register_task("hj", pid=hj.pid, max_cores=1, locality="strong", working_set_bytes=4 << 20)
+            # the hash join's class derived by stored_procedures/locality.pl from the facts it pushes
+            c.register_task("hj", pid=hj.pid, max_cores=1, working_set_bytes=4 << 20,
+                            facts=["plan_operator(q1, hj, hash_join, 1)", "hash_table_bytes(q1, hj, 65536)"],
+                            locality={"query": "plan_locality(q1, L)", "var": "L"})
+            assert c.list_tasks()[0]["properties"]["locality"] == {"query": "plan_locality(q1, L)", "var": "L"}
             assert fk.group_names(root) == []  # one strength only: nothing to partition
             c.register_task("ij", pid=ij.pid, max_cores=1, locality="weak")
             wait_until(lambda: fk.group_names(root) == ["cod_task_hj", "cod_weak"], what="MLS groups")
