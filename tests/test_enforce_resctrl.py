@@ -220,3 +220,20 @@ def test_monitoring_reads_occupancy_and_bandwidth(tmp_path):
 def test_bad_group_name_is_refused():
     with pytest.raises(EnforceError, match="resctrl group name"):
         GroupPlan("../x", {0: 1})
+
+
+def test_cod_facts_shows_the_partitions(tmp_path, capsys):
+    from cod.cli.main import main
+
+    root = tree(tmp_path, "intel")
+    enf = ResctrlEnforcer(root, str(tmp_path / "state"))
+    enf.apply([GroupPlan("weak", {0: 0x3})])
+    with open(os.path.join(root, "cod_weak", "mon_data", "mon_L3_00", "llc_occupancy"), "w") as f:
+        f.write(str(3 << 20))
+    assert main(["facts", "--resctrl-root", root]) == 0
+    out = capsys.readouterr().out
+    assert "L3 20 ways x 2 domains, min 1 bits" in out and "16 CLOSIDs" in out
+    assert "group cod_weak: L3:0=00003;1=fffff" in out and "L3 0: 3.0 MiB occupied" in out
+    enf.close()
+    assert main(["facts", "--resctrl-root", str(tmp_path / "none")]) == 2
+    assert "is not a resctrl mount" in capsys.readouterr().err

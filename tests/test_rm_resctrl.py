@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -76,6 +77,16 @@ def test_groups_follow_tasks_and_a_crash_leaves_nothing(tmp_path, fake_tree, spa
             if len(discover.from_args().l3_caches()) == 1:  # this machine: the only choice is to partition
                 assert plan["cache_policy"].startswith("SLS not possible (the machine has one L3 domain)")
             assert plan["cache_partition"].startswith("MLS: weak-locality ij capped at 2 of 20 ways")
+            wait_until(lambda: sorted((r["G"], r["M"]) for r in c.execute_query("cache_partition(G, 0, M)"))
+                       == [("task_hj", 0xffffc), ("weak", 0x3)], what="cache_partition facts in the SKB")
+            assert c.execute_query("cache_group_task(weak, T)") == [{"T": "ij"}]
+            assert c.execute_query("cache_occupancy(weak, 0, B)") == [{"B": 0}]
+            shell = subprocess.run([sys.executable, "-m", "cod.cli.main", "shell", "--socket", str(d.path),
+                                    "-c", ":cache", "-c", ":plan"], capture_output=True, text=True, timeout=120)
+            assert shell.returncode == 0, shell.stderr
+            assert "weak: L3 0=3; tasks ij; occupancy 0: 0.0 MiB" in shell.stdout
+            assert "task_hj: L3 0=ffffc; tasks hj" in shell.stdout
+            assert shell.stdout.count("MLS: weak-locality ij capped at 2 of 20 ways") == 2  # :cache and :plan
             c.deregister_task("ij")
             wait_until(lambda: fk.group_names(root) == [], what="groups removed when the mix ends")
             c.register_task("ij2", pid=ij.pid, max_cores=1, locality="weak")

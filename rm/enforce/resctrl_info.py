@@ -154,3 +154,37 @@ def read_info(fs: ResctrlFS) -> ResctrlInfo:
         rmids = _int(fs, "info/L3_MON/num_rmids")
         features = tuple(fs.read("info/L3_MON/mon_features").split())
     return ResctrlInfo(caches=caches, bandwidth=bandwidth, num_rmids=rmids, mon_features=features)
+
+
+def snapshot(fs: ResctrlFS) -> dict:
+    """What a resctrl mount holds now, for `cod facts` and the shell: its resources, and per
+    control group its schemata, task count and monitoring counters per L3 domain."""
+    info = read_info(fs)
+    groups = []
+    for name in ["", *fs.listdir("")]:
+        if name and (name in ("info", "mon_data", "mon_groups") or not fs.isdir(name)):
+            continue
+        base = f"{name}/" if name else ""
+        mon: dict[str, dict[str, int]] = {}
+        for dom in fs.listdir(f"{base}mon_data"):
+            for feat in ("llc_occupancy", "mbm_total_bytes"):
+                rel = f"{base}mon_data/{dom}/{feat}"
+                if fs.exists(rel):
+                    text = fs.read(rel).strip()
+                    if text.isdigit():
+                        mon.setdefault(dom.rpartition("_")[2].lstrip("0") or "0", {})[feat] = int(text)
+        groups.append({"group": name or "(default)", "schemata": parse_schemata(fs.read(f"{base}schemata")),
+                       "tasks": len(fs.read(f"{base}tasks").split()), "monitoring": mon})
+    return {"root": fs.root, "resources": info.describe(), "groups": groups}
+
+
+def render_snapshot(snap: dict) -> str:
+    """The snapshot as the text `cod facts` prints."""
+    lines = [f"resctrl {snap['root']}: {snap['resources']}"]
+    for g in snap["groups"]:
+        sch = " ".join(f"{r}:" + ";".join(f"{d}={v}" for d, v in sorted(doms.items()))
+                       for r, doms in g["schemata"].items())
+        mon = "".join(f"  L3 {d}: {v.get('llc_occupancy', 0) / 1048576:.1f} MiB occupied"
+                      for d, v in sorted(g["monitoring"].items()))
+        lines.append(f"  group {g['group']}: {sch}  {g['tasks']} tasks{mon}")
+    return "\n".join(lines) + "\n"
