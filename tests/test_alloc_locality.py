@@ -62,6 +62,16 @@ def test_sls_table(desc, machine, tasks, mode, apart, solver):
         assert "cache_policy" in res.to_dict()
 
 
+def test_derived_locality_must_be_one_of_the_classes():
+    from cod.rm.taskprops import derived_value
+
+    assert derived_value("locality", "weak") == "weak"
+    with pytest.raises(ValueError, match="locality must come out as one of strong, moderate, weak, not 'hot'"):
+        derived_value("locality", "hot")
+    with pytest.raises(ValueError):
+        derived_value("locality", 3)
+
+
 def test_locality_is_checked():
     with pytest.raises(TaskSpecError, match="locality: must be one of strong, moderate, weak"):
         TaskSpec("x", locality="hot")

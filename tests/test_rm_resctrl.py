@@ -82,11 +82,12 @@ def test_groups_follow_tasks_and_a_crash_leaves_nothing(tmp_path, fake_tree, spa
             assert c.execute_query("cache_group_task(weak, T)") == [{"T": "ij"}]
             assert c.execute_query("cache_occupancy(weak, 0, B)") == [{"B": 0}]
             shell = subprocess.run([sys.executable, "-m", "cod.cli.main", "shell", "--socket", str(d.path),
-                                    "-c", ":cache", "-c", ":plan"], capture_output=True, text=True, timeout=120)
+                                    "-c", ":cache", "-c", ":plan", "-c", ":explain ij"],
+                                   capture_output=True, text=True, timeout=120)
             assert shell.returncode == 0, shell.stderr
             assert "weak: L3 0=3; tasks ij; occupancy 0: 0.0 MiB" in shell.stdout
             assert "task_hj: L3 0=ffffc; tasks hj" in shell.stdout
-            assert shell.stdout.count("MLS: weak-locality ij capped at 2 of 20 ways") == 2  # :cache and :plan
+            assert shell.stdout.count("MLS: weak-locality ij capped at 2 of 20 ways") == 3  # :cache, :plan, :explain
             c.deregister_task("ij")
             wait_until(lambda: fk.group_names(root) == [], what="groups removed when the mix ends")
             c.register_task("ij2", pid=ij.pid, max_cores=1, locality="weak")
