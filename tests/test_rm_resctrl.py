@@ -111,3 +111,24 @@ def test_absent_resctrl_is_logged_and_the_daemon_runs(tmp_path, monkeypatch):
         assert "cache partitioning off" in d.log_text()
     finally:
         assert d.stop() == 0
+
+
+def test_sls_in_the_daemon_keeps_weak_off_the_strong_ones_l3(tmp_path, spawn):
+    """A planning daemon for MagnyCours (8 L3 domains of 6 cores): the index join and the scan land on
+    L3 domains the hash join does not use, and the plan says so."""
+    from cod.facts import machines
+
+    l3_of = {cpu: i for i, c in enumerate(machines.load("magnycours").l3_caches()) for cpu in c.cpus}
+    d = support.start_daemon(tmp_path, "--machine", "magnycours")
+    procs = [spawn(1, "sleep") for _ in range(3)]
+    try:
+        with Client(str(d.path), app="db") as c:
+            c.register_task("hj", pid=procs[0].pid, min_cores=6, max_cores=12, locality="moderate")
+            c.register_task("ij", pid=procs[1].pid, min_cores=4, max_cores=12, locality="weak")
+            c.register_task("scan", pid=procs[2].pid, min_cores=4, max_cores=12, locality="weak")
+            listing = c.call("list_tasks")
+            doms = {t["task"]: {l3_of[x] for x in t["cores"]} for t in listing["tasks"]}
+            assert not doms["hj"] & (doms["ij"] | doms["scan"]), doms
+            assert listing["plan"]["cache_policy"].startswith("SLS: weak-locality ij, scan kept off the L3 domains of hj")
+    finally:
+        assert d.stop() == 0

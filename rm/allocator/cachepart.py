@@ -38,6 +38,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .model import TaskSpec
+
 WEAK_SHARE = 1 / 8
 CLEAN = ("strong", "moderate")
 
@@ -177,8 +179,7 @@ def partition(geo: Geometry, tasks: Sequence[CacheTask]) -> Partition:
     return Partition(groups, tuple(mixed), text)
 
 
-def cache_tasks(specs: Sequence[object], domains_of: Mapping[str, frozenset[int]]) -> list[CacheTask]:
-    """CacheTasks of TaskSpec-like objects (name, locality, working_set_bytes) placed on ``domains_of``."""
-    return [CacheTask(s.name, getattr(s, "locality", None), getattr(s, "working_set_bytes", 0),  # type: ignore[attr-defined]
-                      domains_of.get(s.name, frozenset()))  # type: ignore[attr-defined]
-            for s in specs if getattr(s, "locality", None) is not None]
+def cache_tasks(specs: Sequence[TaskSpec], domains_of: Mapping[str, frozenset[int]]) -> list[CacheTask]:
+    """The tasks with a locality, placed on the L3 domains ``domains_of`` gives them."""
+    return [CacheTask(s.name, s.locality, s.working_set_bytes, domains_of.get(s.name, frozenset()))
+            for s in specs if s.locality is not None]
