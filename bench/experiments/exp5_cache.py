@@ -22,7 +22,7 @@ descheduling is not counted); each point is the median of --rounds runs.  Miss c
 are read with ``perf stat`` where the PMU has them, and said to be absent otherwise.
 
 Writes results/exp5_cache.json and prints it.
-    flock /work/wt/bench.lock .venv/bin/python bench/experiments/exp5_cache.py
+    flock /tmp/cod-bench.lock .venv/bin/python bench/experiments/exp5_cache.py
 """
 
 from __future__ import annotations
