@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cod.rm.allocator.cachepart import CacheTask, Geometry, partition, weak_ways
+from cod.rm.enforce.resctrl import GroupPlan, schemata_text
+from cod.rm.enforce.resctrl_info import CacheResource, ResctrlInfo
 from helpers import fake_resctrl as fk
 
 MIB = 1 << 20
@@ -52,6 +54,12 @@ def _spec_for(geo: Geometry, sparse: bool) -> fk.FakeSpec:
                        num_closids=geo.num_closids, sparse=sparse, l3_domains=geo.domains)
 
 
+def _info(geo: Geometry, cdp: bool) -> ResctrlInfo:
+    names = ("L3CODE", "L3DATA") if cdp else ("L3",)
+    return ResctrlInfo(caches={n: CacheResource(n, geo.ways, geo.min_cbm_bits, geo.num_closids, False, geo.domains)
+                               for n in names})
+
+
 def random_case(rnd: random.Random):
     n_dom = rnd.randint(1, 4)
     ways = rnd.randint(2, 20)
@@ -65,19 +73,20 @@ def random_case(rnd: random.Random):
 @settings(max_examples=200, deadline=None, derandomize=True)
 @given(seed=st.integers(0, 2**64))
 def test_every_partition_is_accepted_by_the_kernel_rules(seed):
-    """10,000 random task sets (200 hypothesis seeds x 50): every group's schemata passes the fake
-    kernel's cbm_validate (Intel: contiguous; AMD: sparse allowed), the groups fit the CLOS budget,
+    """10,000 random task sets (200 hypothesis seeds x 50): the backend's schemata text of a group
+    passes the fake kernel's parser, every mask its cbm_validate (Intel: contiguous; AMD: sparse allowed), the groups fit the CLOS budget,
     and on a mixed domain the weak group is capped and disjoint from the strong/moderate ones."""
     rnd = random.Random(seed)
     for _ in range(50):
         geo, tasks = random_case(rnd)
         p = partition(geo, tasks)
         assert len(p.groups) <= geo.num_closids - 1
-        if p.groups:  # one whole schemata write through the fake's parser, then each distinct mask
-            spec = _spec_for(geo, False)
-            g = p.groups[-1]
-            fk.apply_schemata(spec, fk.default_values(spec),
-                              "L3:" + ";".join(f"{d}={m:x}" for d, m in sorted(g.masks.items())) + "\n")
+        if p.groups:  # the backend's own schemata text of one group through the fake's parser (with and
+            cdp = rnd.random() < 0.5  # without CDP), then each distinct mask through cbm_validate
+            spec = fk.FakeSpec(**{**_spec_for(geo, False).__dict__, "cdp": cdp})
+            g = rnd.choice(p.groups)
+            text = schemata_text(_info(geo, cdp), GroupPlan(g.name, g.masks))
+            fk.apply_schemata(spec, fk.default_values(spec), text)
         for mask in {m for g in p.groups for m in g.masks.values()}:
             for sparse in (False, True):
                 fk.check_cbm(_spec_for(geo, sparse), f"{mask:x}")  # raises Refused on a bad mask

@@ -237,3 +237,30 @@ def test_cod_facts_shows_the_partitions(tmp_path, capsys):
     enf.close()
     assert main(["facts", "--resctrl-root", str(tmp_path / "none")]) == 2
     assert "is not a resctrl mount" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", ["intel", "intel_cdp", "amd"])
+def test_backend_writes_only_what_the_kernel_accepts(tmp_path, kind):
+    """Random task sets, partitioned (cod.rm.allocator.cachepart) and applied one after another on
+    each fixture tree: the fake kernel refuses none of the backend's writes, and the groups never
+    exceed the CLOS budget (30 plans per fixture, file I/O through the fake; the 10,000-set property of the masks is in
+    test_alloc_cachepart.py)."""
+    import random
+
+    from cod.rm.allocator.cachepart import CacheTask, Geometry, partition
+
+    root = tree(tmp_path, kind)
+    enf = ResctrlEnforcer(root, str(tmp_path / "state"))
+    res = enf.info.l3
+    geo = Geometry(res.cbm_len, res.min_cbm_bits, enf.info.num_closids, res.domains, way_bytes=1 << 20)
+    rnd = random.Random(28)
+    for _ in range(30):
+        tasks = [CacheTask(f"t{i}", rnd.choice(["strong", "moderate", "weak", None]), rnd.randint(0, 30) << 20,
+                           frozenset(rnd.sample(res.domains, rnd.randint(1, len(res.domains)))))
+                 for i in range(rnd.randint(1, 20))]
+        part = partition(geo, tasks)
+        assert enf.apply([GroupPlan(g.name, g.masks) for g in part.groups]) == []
+        assert len(fk.group_names(root)) == len(part.groups) <= enf.info.num_closids - 1
+    assert enf.fs.writes and all(p.endswith("schemata") for p, _ in enf.fs.writes)
+    enf.close()
+    assert fk.group_names(root) == []
