@@ -264,3 +264,22 @@ def test_backend_writes_only_what_the_kernel_accepts(tmp_path, kind):
     assert enf.fs.writes and all(p.endswith("schemata") for p, _ in enf.fs.writes)
     enf.close()
     assert fk.group_names(root) == []
+
+
+def test_pids_follow_their_groups_and_return_to_the_default_one(tmp_path):
+    root = tree(tmp_path, "intel")
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
+    p, q = procs[0].pid, procs[1].pid
+    try:
+        enf = ResctrlEnforcer(root, str(tmp_path / "state"))
+        fs = enf.fs
+        assert enf.apply([GroupPlan("weak", {0: 0x3}, (p, q)), GroupPlan("task_a", {0: 0xffffc})]) == []
+        assert enf.apply([GroupPlan("weak", {0: 0x3}, (q,)), GroupPlan("task_a", {0: 0xffffc})]) == []
+        assert str(p) in fs.read("tasks").split() and fs.read("cod_weak/tasks").split() == [str(q)]
+        assert enf.apply([GroupPlan("weak", {0: 0x3}), GroupPlan("task_a", {0: 0xffffc}, (q,))]) == []
+        assert fs.read("cod_task_a/tasks").split() == [str(q)] and fs.read("cod_weak/tasks").split() == []
+        enf.close()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()

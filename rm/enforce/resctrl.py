@@ -11,7 +11,8 @@ in it.  `ResctrlEnforcer.apply` makes the mount match the list:
 2. mkdir ``ROOT/cod_NAME`` (the kernel gives it a CLOSID and an RMID);
 3. write its ``schemata`` (``L3``, or ``L3CODE`` and ``L3DATA`` with CDP, the same
    mask to both; ``MB`` where present) in one write;
-4. write every thread id of its pids to ``tasks``, one per write;
+4. write every thread id of its pids new to the group to ``tasks``, one per write
+   (threads born later inherit their creator's group);
 5. rmdir every ``cod_`` group not in the list (its tasks fall back to the default group).
 
 A refusal names the group, the file and the kernel's ``info/last_cmd_status``.
@@ -164,7 +165,8 @@ class ResctrlEnforcer:
         for pid in sorted(set(old.pids if old else ()) - grouped):
             self._write_tids("tasks", pid)  # in no group any more: back to the default group
         for pid in plan.pids:
-            self._write_tids(f"{d}/tasks", pid)
+            if old is None or pid not in old.pids:  # threads born later inherit the group
+                self._write_tids(f"{d}/tasks", pid)
         self.applied[plan.name] = plan
 
     def _write_tids(self, rel: str, pid: int) -> None:
