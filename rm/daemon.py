@@ -85,6 +85,7 @@ class Daemon:
         self.machine = machine
         self.enforcer = enforcer
         self.monitor: Any = None
+        self.cache: Any = None  # cod.rm.cache.CachePartitioning where resctrl is mounted
         self.rm: ResourceManager | None = None
         self.transport: Transport | None = None
         self._skb: Any = None
@@ -135,6 +136,7 @@ class Daemon:
             from .elastic_groups import ElasticGroups
 
             rm.demands.elastic = ElasticGroups(rm, enforcer)
+            self._open_cache(rm)
 
         async def handle(conn: Connection, req: Request) -> Any:
             return await dispatch(rm, conn, req)
@@ -185,8 +187,49 @@ class Daemon:
             # An answer must fit in one of our frames, with room for the reply around it.
             max_reply_bytes=cfg.max_frame_bytes - 1024)
 
+    def _open_cache(self, rm: ResourceManager) -> None:
+        """Cache partitioning (MLS) where ``resctrl_root`` is a resctrl mount, after removing what a
+        crashed run left there; off (logged) otherwise."""
+        from .cache import CachePartitioning
+        from .enforce import default_state_dir
+        from .enforce.resctrl import open_resctrl
+
+        try:
+            backend = open_resctrl(self.cfg.resctrl_root, self.cfg.state_dir or default_state_dir())
+        except Exception as err:  # EnforceError, OSError: CPU enforcement goes on without it
+            log.warning("cache partitioning off: %s", err)
+            return
+        if backend is not None:
+            self.cache = CachePartitioning(backend, self.machine, rm)
+            rm.publisher.on_published.append(self.cache.refresh)
+            rm.publisher.cache_partition = lambda: self.cache.last.text if self.cache else ""
+            rm.cache = self.cache
+            self._cache_sampler = asyncio.get_running_loop().create_task(self._sample_cache())
+
+    async def _sample_cache(self) -> None:
+        """llc_occupancy and mbm_total_bytes into the SKB every refresh period."""
+        while self.cache is not None:
+            await asyncio.sleep(self.cfg.refresh_interval_s)
+            try:
+                if self.cache is not None:
+                    self.cache.sample()
+            except Exception as err:
+                log.warning("reading cache occupancy: %s", err)
+
+    def _close_cache(self) -> None:
+        if getattr(self, "_cache_sampler", None) is not None:
+            self._cache_sampler.cancel()
+        if self.cache is None:
+            return
+        try:
+            self.cache.close()
+        except Exception as err:
+            log.warning("closing the cache partitioning: %s", err)
+        self.cache = None
+
     def _close_enforcer(self) -> None:
         """Give every pinned process its original affinity back and remove our cgroups."""
+        self._close_cache()
         if self.enforcer is None:
             return
         try:

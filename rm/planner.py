@@ -45,6 +45,8 @@ class Plan:
     displaced_by: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # how the allocator found and proved it, e.g. "greedy = waterfill bound" (AllocationResult.via)
     proof: str = ""
+    # what the allocator did about cache locality (SLS, AllocationResult.cache_policy)
+    cache_policy: str = ""
 
     @property
     def unavailable(self) -> tuple[int, ...]:
@@ -54,11 +56,13 @@ class Plan:
     @classmethod
     def of(cls, result: AllocationResult) -> "Plan":
         if result.status == "infeasible":
-            return cls(None, result.reason, result.solver, result.solve_ms, result.status, proof=result.via)
+            return cls(None, result.reason, result.solver, result.solve_ms, result.status, proof=result.via,
+                       cache_policy=result.cache_policy)
         return cls({t.name: tuple(t.cores) for t in result.tasks}, None, result.solver, result.solve_ms,
                    result.status, {t.name: tuple(t.binding) for t in result.tasks},
                    {r.name: tuple(r.cpus) for r in result.reservations},
-                   {t.name: tuple(t.displaced_by) for t in result.tasks if t.displaced_by}, result.via)
+                   {t.name: tuple(t.displaced_by) for t in result.tasks if t.displaced_by}, result.via,
+                   result.cache_policy)
 
 
 class Planner:

@@ -68,6 +68,8 @@ class Publisher:
         self.acknowledge_for: Callable[[str], bool] = lambda name: False  # names that have nobody to ask
         self.on_announced: list[Callable[[], None]] = []  # after the upcalls of a new epoch
         self.on_published: list[Callable[[], None]] = []  # after every publication (confinement)
+        # MLS's decision for the plan (cod.rm.cache sets it where resctrl exists)
+        self.cache_partition: Callable[[], str] = lambda: ""
         self._node_of = {pu.id: pu.numa_node for pu in machine.pus}
         self._allowed_mems = None if machine.allowed_mems is None else set(machine.allowed_mems)
         self._deadline_timer: asyncio.TimerHandle | None = None
@@ -258,6 +260,8 @@ class Publisher:
             "solve_ms": round(plan.solve_ms, 3) if plan else None,
             "proof": plan.proof if plan else "",
             "unavailable": list(plan.unavailable) if plan else [],
+            **({"cache_policy": plan.cache_policy} if plan and plan.cache_policy else {}),
+            **({"cache_partition": self.cache_partition()} if self.cache_partition() else {}),
         }
 
     # ---- shutdown --------------------------------------------------------------------------------

@@ -70,6 +70,7 @@ class ResourceManager:
                                    self.pinning, self.knowledge, self.events, self.n_cpus)
         self.sessions = Sessions(cfg, skb, self.registry, self.knowledge, direct_socket)
         self.query_plans = QueryPlans(cfg, machine, self.pinning, self.publisher, self.admission)
+        self.cache: Any = None  # cod.rm.cache.CachePartitioning, set by the daemon where resctrl exists
         self._wire()
         self._periodic_task = (asyncio.get_running_loop().create_task(self.admission.periodic())
                                if cfg.recompute_interval_s > 0 else None)

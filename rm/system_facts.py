@@ -23,6 +23,8 @@ from cod.protocol.prolog_text import ANY, Written, compound
 __all__ = [
     "ANY", "allocated_fact", "allocation_epoch_fact", "allocation_facts", "cpu_load_fact", "numa_free_fact", "other_task_fact",
     "task_cpu_use_fact", "task_fact", "task_facts", "task_numa_pages_fact", "task_property_fact",
+    "cache_partition_fact", "cache_group_task_fact", "cache_occupancy_fact", "cache_mbm_total_fact",
+    "cache_policy_fact",
 ]
 
 Int = int | Written  # a number, or ANY in a pattern
@@ -83,3 +85,28 @@ def task_cpu_use_fact(name: str, percent: Int) -> Written:
 def task_numa_pages_fact(name: str, node: Int, pages: Int) -> Written:
     """``task_numa_pages(Name, Node, Pages)``: a task's resident pages on a NUMA node."""
     return compound("task_numa_pages", name, node, pages)
+
+
+def cache_partition_fact(group: str | Written, domain: Int, mask: Int) -> Written:
+    """``cache_partition(Group, Domain, Mask)``: a resctrl group's L3 way mask (an integer) on an L3 domain."""
+    return compound("cache_partition", group, domain, mask)
+
+
+def cache_group_task_fact(group: str | Written, task: str | Written) -> Written:
+    """``cache_group_task(Group, Task)``: a task whose threads are in the resctrl group."""
+    return compound("cache_group_task", group, task)
+
+
+def cache_occupancy_fact(group: str | Written, domain: Int, nbytes: Int) -> Written:
+    """``cache_occupancy(Group, Domain, Bytes)``: the group's ``llc_occupancy`` on an L3 domain."""
+    return compound("cache_occupancy", group, domain, nbytes)
+
+
+def cache_mbm_total_fact(group: str | Written, domain: Int, nbytes: Int) -> Written:
+    """``cache_mbm_total(Group, Domain, Bytes)``: the group's ``mbm_total_bytes`` counter on an L3 domain."""
+    return compound("cache_mbm_total", group, domain, nbytes)
+
+
+def cache_policy_fact(text: str | Written) -> Written:
+    """``cache_policy(Text)``: what the cache partitioning (MLS) did, and why."""
+    return compound("cache_policy", text)

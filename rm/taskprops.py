@@ -4,7 +4,9 @@ A numeric property (``min_cores``, ``max_cores``, ``working_set_bytes``,
 ``priority``) may be given as a number or *derived*: a query over the
 application's namespace, ``{"query": "dbos_cost_function(_, N, _)", "var": "N"}``,
 whose first solution's value of ``var``, rounded up to an integer, is the
-property.  The daemon evaluates it at registration and again whenever what it
+property.  ``locality`` (strong, moderate or weak) is derived the same way, its
+value an atom, e.g. ``{"query": "locality:plan_locality(q1, L)", "var": "L"}``
+(stored_procedures/locality.pl).  The daemon evaluates it at registration and again whenever what it
 can read changes (:mod:`cod.rm.service`).
 """
 
@@ -17,12 +19,12 @@ from typing import Any
 
 from cod.protocol.jsonrpc import INVALID_PARAMS, RpcError
 
-from .allocator.model import TaskSpec, TaskSpecError
+from .allocator.model import LOCALITIES, TaskSpec, TaskSpecError
 
 # Task properties a client may set (TaskSpec's fields other than the name).
 PROPERTY_KEYS = ("min_cores", "max_cores", "working_set_bytes", "bound", "sensitive", "exclusive",
-                 "priority", "pollutes_cache", "allow_smt_sharing")
-DERIVABLE = ("min_cores", "max_cores", "working_set_bytes", "priority")
+                 "priority", "pollutes_cache", "allow_smt_sharing", "locality")
+DERIVABLE = ("min_cores", "max_cores", "working_set_bytes", "priority", "locality")
 _VAR = re.compile(r"[A-Z_][A-Za-z0-9_]*\Z")
 
 
@@ -61,14 +63,19 @@ def split_properties(props: dict[str, Any], method: str) -> tuple[dict[str, Any]
     return plain, derived
 
 
-def derived_value(key: str, value: Any) -> int:
-    """A derived property's value: a finite number, rounded up.  Raises ValueError saying why not."""
+def derived_value(key: str, value: Any) -> int | str:
+    """A derived property's value: a finite number, rounded up (``locality``: one of its atoms).
+    Raises ValueError saying why not."""
+    if key == "locality":
+        if value not in LOCALITIES:
+            raise ValueError(f"locality must come out as one of {', '.join(LOCALITIES)}, not {value!r}")
+        return str(value)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise ValueError(f"{key} must come out as a finite number, not {value!r}")
     return int(math.ceil(value))
 
 
-def build_spec(name: str, plain: dict[str, Any], derived_values: dict[str, int], method: str) -> TaskSpec:
+def build_spec(name: str, plain: dict[str, Any], derived_values: dict[str, Any], method: str) -> TaskSpec:
     try:
         return TaskSpec.from_dict({"name": name, **plain, **derived_values})
     except (TaskSpecError, TypeError) as err:

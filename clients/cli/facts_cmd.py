@@ -10,6 +10,8 @@ from cod.facts import from_args, text
 from cod.facts.model import FactsError, Machine
 from cod.facts.prolog import to_prolog
 
+from cod.rm.enforce.resctrl_info import render_snapshot, snapshot
+
 from .errors import UserError
 
 FORMATS = ("json", "prolog", "text")
@@ -41,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_machine_source(parser)
     parser.add_argument("--format", choices=FORMATS, default="text",
                         help="output format (default: text)")
+    parser.add_argument("--resctrl-root", metavar="DIR", default=None,
+                        help="also show the cache partitions (resctrl groups, masks, occupancy) of the resctrl "
+                             "mount at DIR (default: /sys/fs/resctrl when mounted; text and json formats)")
     parser.set_defaults(func=run)
 
 
@@ -49,11 +54,27 @@ def run(args: argparse.Namespace) -> int:
         machine = machine_of(args)
     except FactsError as err:
         raise UserError(str(err), 2) from None
+    partitions = resctrl_snapshot(args.resctrl_root)
     if args.format == "json":
-        out = json.dumps(machine.to_dict(), indent=1) + "\n"
+        out = json.dumps({**machine.to_dict(), **({"resctrl": partitions} if partitions else {})}, indent=1) + "\n"
     elif args.format == "prolog":
         out = to_prolog(machine)
     else:
-        out = text.render(machine)
+        out = text.render(machine) + (render_snapshot(partitions) if partitions else "")
     sys.stdout.write(out)
     return 0
+
+
+def resctrl_snapshot(root: str | None) -> dict | None:
+    """The resctrl mount's partitions; None when the default root is not mounted, an error for a
+    root the user named that is not one."""
+    from cod.rm.enforce.errors import EnforceError
+    from cod.rm.enforce.resctrl import DEFAULT_ROOT, FS_FACTORY
+
+    fs = FS_FACTORY(root or DEFAULT_ROOT)
+    if root is None and not fs.mounted():
+        return None
+    try:
+        return snapshot(fs)
+    except EnforceError as err:
+        raise UserError(str(err), 2) from None

@@ -35,6 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="where the daemon records what it pinned, for cleanup after a crash "
                         "(default: /run/cod as root, else $XDG_RUNTIME_DIR/cod)")
     p.add_argument("--cgroup-parent", metavar="NAME", help="cpuset cgroup holding the tasks' cgroups (default: cod)")
+    p.add_argument("--resctrl-root", metavar="DIR",
+                   help="resctrl mount for cache partitioning (default: /sys/fs/resctrl; none there: off)")
     p.add_argument("--memory-migrate", action="store_const", const=True, default=None,
                    help="move a task's pages when its memory nodes change (off by default: costly)")
     conf = p.add_mutually_exclusive_group()
@@ -91,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             enforce_mode=args.enforce_mode,
             state_dir=args.state_dir,
             cgroup_parent=args.cgroup_parent,
+            resctrl_root=args.resctrl_root,
             memory_migrate=args.memory_migrate,
             confine_others=args.confine_others,
             busy_detect=args.busy_detect,

@@ -14,6 +14,7 @@ from cod.protocol.errors import CodError
 
 BOUNDS = ("cpu", "memory")
 SENSITIVITIES = ("numa", "cache")
+LOCALITIES = ("strong", "moderate", "weak")  # MCC-DB's locality strengths (cod.rm.allocator.locality)
 STATUSES = ("optimal", "feasible", "fallback", "infeasible")
 SOLVERS = ("cpsat", "naive", "greedy")
 
@@ -39,6 +40,10 @@ class TaskSpec:
     * ``priority``: higher priorities get their cores up to ``max_cores`` first.
     * ``allow_smt_sharing``: for an exclusive task, whether the SMT siblings of
       its CPUs may go to other tasks (default: they stay idle).
+    * ``locality``: None or MCC-DB's strength of its cache locality, "strong",
+      "moderate" or "weak"; the allocator keeps weak ones off the L3 domains of
+      the others when it can (SLS, :mod:`.locality`), and sizes cache partitions
+      by it where resctrl exists (MLS, :mod:`.cachepart`).
     """
 
     name: str
@@ -51,6 +56,7 @@ class TaskSpec:
     priority: int = 0
     pollutes_cache: bool = False
     allow_smt_sharing: bool = False
+    locality: str | None = None
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> TaskSpecError:
@@ -79,6 +85,8 @@ class TaskSpec:
                 raise bad(key, f"must be true or false, got {getattr(self, key)!r}")
         if not _is_int(self.priority):
             raise bad("priority", f"must be an integer, got {self.priority!r}")
+        if self.locality is not None and self.locality not in LOCALITIES:
+            raise bad("locality", f"must be one of {', '.join(LOCALITIES)}, got {self.locality!r}")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TaskSpec":
@@ -107,6 +115,8 @@ class TaskSpec:
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["sensitive"] = sorted(self.sensitive)
+        if d.get("locality", 0) is None:
+            del d["locality"]  # absent, as before the property existed
         return d
 
 
@@ -219,6 +229,8 @@ class AllocationResult:
     # how the answer was found and proven, e.g. "packing = relaxation bound"
     # (for benchmarks and debugging; not part of to_dict)
     via: str = ""
+    # what the allocator did about cache locality, and why (SLS, cod.rm.allocator.locality)
+    cache_policy: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         d = {
@@ -232,6 +244,8 @@ class AllocationResult:
             d["gap"] = round(self.gap, 6)
         if self.reservations:
             d["reservations"] = [r.to_dict() for r in self.reservations]
+        if self.cache_policy:
+            d["cache_policy"] = self.cache_policy
         return d
 
     def reserved_cpus(self) -> tuple[int, ...]:

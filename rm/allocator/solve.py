@@ -50,6 +50,7 @@ class Outcome:
     solver: str  # the one whose allocation this is
     gap: float | None = None
     via: str = ""  # how it was found and proven (bench, debugging): see AllocationResult.via
+    cache_policy: str = ""  # the locality decision (cod.rm.allocator.locality), set by request.solve
 
 
 # Below this many (task, CPU) pairs the CPU-level greedy costs well under a

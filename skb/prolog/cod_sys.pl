@@ -34,6 +34,12 @@
             cpu_load/2,            % ?Cpu, ?Percent
             task_cpu_use/2,        % ?Task, ?Percent
             task_numa_pages/3,     % ?Task, ?Node, ?Pages
+            % cache partitioning (written by the Resource Manager where resctrl exists)
+            cache_partition/3,     % ?Group, ?Domain, ?Mask
+            cache_group_task/2,    % ?Group, ?Task
+            cache_occupancy/3,     % ?Group, ?Domain, ?Bytes
+            cache_mbm_total/3,     % ?Group, ?Domain, ?Bytes
+            cache_policy/1,        % ?Text
             % elastic groups (written by the Resource Manager, docs/elastic.md)
             elastic_group/4,       % ?Group, ?Source, ?Mode, ?Metric
             elastic_thresholds/3,  % ?Group, ?ThMin, ?ThMax
@@ -103,6 +109,11 @@ cod_sys_predicate(other_task, 3).
 cod_sys_predicate(cpu_load, 2).
 cod_sys_predicate(task_cpu_use, 2).
 cod_sys_predicate(task_numa_pages, 3).
+cod_sys_predicate(cache_partition, 3).
+cod_sys_predicate(cache_group_task, 2).
+cod_sys_predicate(cache_occupancy, 3).
+cod_sys_predicate(cache_mbm_total, 3).
+cod_sys_predicate(cache_policy, 1).
 cod_sys_predicate(elastic_group, 4).
 cod_sys_predicate(elastic_thresholds, 3).
 cod_sys_predicate(elastic_cores, 2).
@@ -117,6 +128,7 @@ cod_sys_predicate(elastic_transition, 3).
     total_memory/1,
     task/3, task_property/3, allocated/2, allocation_epoch/1, other_task/3,
     cpu_load/2, task_cpu_use/2, task_numa_pages/3,
+    cache_partition/3, cache_group_task/2, cache_occupancy/3, cache_mbm_total/3, cache_policy/1,
     elastic_group/4, elastic_thresholds/3, elastic_cores/2, elastic_load/2, elastic_marking/3,
     elastic_state/2, elastic_transition/3.
 

@@ -232,6 +232,13 @@ def cmd_allocation(shell: "Shell", cmd: Command) -> None:
     shell.emit(cmd, listing, lambda: render.allocation_view(machine, listing, shell.out.width))
 
 
+@command("cache", "", "the L3 domains, the cache partitions (resctrl groups, way masks) and their occupancy")
+def cmd_cache(shell: "Shell", cmd: Command) -> None:
+    _no_args(cmd)
+    view = skbviews.cache_partitions(shell.backend.query)
+    shell.emit(cmd, view, lambda: render.cache_view(view))
+
+
 @command("plan", "", "how the current plan was made: solver, status, time")
 def cmd_plan(shell: "Shell", cmd: Command) -> None:
     _no_args(cmd)

@@ -203,7 +203,7 @@ def explain_task(name: str, listing: dict[str, Any], machine: Machine | None) ->
         "task": name, "pid": task.get("pid"), "app": task.get("app"), "cores": cores,
         "releasing": releasing, "asked": _asked(task.get("properties") or {}, n_cpus),
         "placement": placement, "constraints": constraints,
-        "plan": {k: plan.get(k) for k in ("solver", "status", "solve_ms")},
+        "plan": {k: plan.get(k) for k in ("solver", "status", "solve_ms", "cache_policy", "cache_partition")},
         "epoch": listing.get("epoch"),
     }
 
@@ -223,4 +223,7 @@ def explanation_lines(ex: dict[str, Any]) -> list[str]:
     plan = ex.get("plan") or {}
     if plan.get("solver") not in (None, "none"):
         lines.append(f"The plan was made by {plan['solver']} ({plan.get('status')}, {plan.get('solve_ms')} ms).")
+    for key in ("cache_policy", "cache_partition"):  # what was done about cache locality (SLS, MLS)
+        if plan.get(key):
+            lines.append(plan[key])
     return lines

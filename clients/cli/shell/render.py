@@ -266,6 +266,27 @@ def plan_view(plan: dict[str, Any], listing: dict[str, Any]) -> list[Any]:
     for t in listing.get("tasks", []):
         lines.append(Text(f"  {t['task']}: {len(t.get('cores') or [])} CPUs ({cpus_text(t.get('cores'))}); "
                           f"bound by: {', '.join(t.get('binding') or []) or '-'}"))
+    for key in ("cache_policy", "cache_partition"):
+        if plan.get(key):
+            lines.append(Text(plan[key]))
+    return lines
+
+
+def cache_view(view: dict[str, Any]) -> list[Any]:
+    """`:cache`: the L3 domains, then each resctrl group's masks, tasks and occupancy."""
+    lines = [Text(f"L3 domain: CPUs {cpus_text(d['cpus'])}, {d['bytes'] / 1048576:.0f} MiB" if d["bytes"] else
+                  f"L3 domain: CPUs {cpus_text(d['cpus'])}") for d in view["l3_domains"]] or \
+        [Text("The SKB knows no L3 cache.", style="dim")]
+    if not view["groups"]:
+        lines.append(Text("No cache partition (no resctrl, or no mix of weak and strong/moderate locality).",
+                          style="dim"))
+    for g in view["groups"]:
+        masks = " ".join(f"{d}={m:x}" for d, m in sorted(g["masks"].items()))
+        occ = " ".join(f"{d}: {b / 1048576:.1f} MiB" for d, b in sorted(g["occupancy"].items()))
+        lines.append(Text(f"  {g['group']}: L3 {masks}; tasks {', '.join(g['tasks']) or '-'}"
+                          + (f"; occupancy {occ}" if occ else "")))
+    if view.get("policy"):
+        lines.append(Text(view["policy"]))
     return lines
 
 

@@ -148,3 +148,26 @@ def elastic_groups(query: Query) -> list[dict[str, Any]]:
         if name in groups:
             groups[name]["transitions"].append([t, at])
     return [groups[n] for n in sorted(groups)]
+
+
+def cache_partitions(query: Query) -> dict[str, Any]:
+    """The L3 domains and the daemon's cache partition (``cache_*``, docs/skb-schema.md): per group
+    its masks, tasks and occupancy per domain, and the policy's sentence."""
+    answer = _one(query, "findall(d(Cs, S), l3_domain(Cs, S), Ds), "
+                         "findall(p(G, D, M), cache_partition(G, D, M), Ps), "
+                         "findall(t(G, T), cache_group_task(G, T), Ts), "
+                         "findall(o(G, D, B), cache_occupancy(G, D, B), Os), "
+                         "findall(P, cache_policy(P), Pol)")
+    domains = [{"cpus": cpus, "bytes": size} for cpus, size in map(_args, answer.get("Ds") or [])]
+    groups: dict[str, dict[str, Any]] = {}
+    for name, dom, mask in map(_args, answer.get("Ps") or []):
+        groups.setdefault(name, {"group": name, "masks": {}, "tasks": [], "occupancy": {}})["masks"][dom] = mask
+    for name, task in map(_args, answer.get("Ts") or []):
+        if name in groups:
+            groups[name]["tasks"].append(task)
+    for name, dom, nbytes in map(_args, answer.get("Os") or []):
+        if name in groups:
+            groups[name]["occupancy"][dom] = nbytes
+    policy = answer.get("Pol") or []
+    return {"l3_domains": domains, "groups": [groups[n] for n in sorted(groups)],
+            "policy": policy[0] if policy else None}
