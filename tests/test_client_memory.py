@@ -79,3 +79,31 @@ def test_bad_calls_say_what_was_wrong_and_change_nothing(call, needle):
             call()
         return thread_policy()
     assert in_thread(attempt) == ("default", ())
+
+
+def test_register_task_binds_the_ranges_before_the_tasks_handler_runs(tmp_path):
+    """Against a real daemon for this machine (planning only): the first allocation binds the
+    registered ranges, and each allocation_changed upcall re-binds them before on_allocation runs."""
+    from cod.client import Client
+    from test_rm_support import start_daemon
+
+    d = start_daemon(tmp_path, "--no-enforce", "--no-busy-detect")
+    m = mmap.mmap(-1, 1 << 20)
+    addr = address(m)
+    ranges = MemoryRanges()
+    ranges.register(addr, 1 << 20)
+    seen, done = [], threading.Event()
+
+    def on_allocation(event):
+        seen.append((event["memory_nodes"], ranges.nodes, thread_policy(addr)))
+        done.set()
+
+    try:
+        with Client.connect(str(d.path), app="db") as c:
+            reply = c.register_task("scan", min_cores=1, memory=ranges, on_allocation=on_allocation)
+            nodes = reply["allocation"]["memory_nodes"]
+            assert nodes and thread_policy(addr) == ("bind", tuple(nodes))
+            assert done.wait(30), "no allocation_changed upcall"
+            assert seen[0] == (nodes, tuple(nodes), ("bind", tuple(nodes)))
+    finally:
+        d.stop()
