@@ -194,7 +194,7 @@ class CpusetEnforcer(RecordingEnforcer):
         # neither the attach nor the new CPUs make the kernel move everything in one go; the
         # PageMover moves the pages; the final cpuset.mems makes the kernel move what is left.
         moving = self._pids_to_move(task, pids, mems)
-        wide = tuple(sorted(set(online_nodes()) | set(mems))) if moving else mems
+        wide = tuple(sorted(set(self._parent_mems()) | set(mems))) if moving else mems
         self._configure(path, cpus, wide, fresh)
         applied = []
         for pid in pids:
@@ -211,6 +211,15 @@ class CpusetEnforcer(RecordingEnforcer):
 
     def _configure(self, path: str, cpus: tuple[int, ...], mems: tuple[int, ...], fresh: bool) -> None:
         raise NotImplementedError
+
+    def _parent_mems(self) -> tuple[int, ...]:
+        """The nodes the COD parent may give (not every online node has memory: a memoryless
+        node is online but in no cpuset)."""
+        for name in ("cpuset.mems.effective", "cpuset.effective_mems", "cpuset.mems"):
+            path = os.path.join(self.parent, name)
+            if os.path.exists(path):
+                return procfs.parse_cpu_list(_read(path))
+        return online_nodes()
 
     def _move_process(self, path: str, pid: int) -> bool:
         raise NotImplementedError
