@@ -14,7 +14,7 @@ import pytest
 
 from cod.rm.enforce import AffinityEnforcer, CpusetV2Enforcer
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
-from numa import MemTask, NumaBalancing, node_pages, process_pages, share_on
+from numa import MemTask, NumaBalancing, node_pages, process_pages, read, share_on
 
 MOUNT = find_cpuset_mount()
 PARENT = f"cod-mem-{os.getpid()}"
@@ -165,3 +165,59 @@ def test_the_clients_calls_put_new_pages_on_the_allocations_nodes(topo):
     assert set(got["thread"]) == {far} and got["thread"][far] >= 1024, got
     assert set(got["range"]) == {near} and got["range"][near] >= 1024, got
     assert set(got["default"]) == {0}, got
+
+
+HUGE = r"""
+import ctypes, mmap, os, sys
+os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(",")])
+MAP_HUGETLB = 0x40000  # include/uapi/asm-generic/mman-common.h (the mmap module lacks it)
+m = mmap.mmap(-1, 4 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | MAP_HUGETLB)
+for off in range(0, 4 << 20, 4096):
+    m[off] = 1
+print(ctypes.addressof(ctypes.c_char.from_buffer(m)), flush=True)
+sys.stdin.read()
+"""
+
+
+class HugePages:
+    """Reserves ``count`` 2 MiB pages on each of ``nodes`` for a block, then gives them back."""
+
+    def __init__(self, nodes, count: int) -> None:
+        self.paths = [f"/sys/devices/system/node/node{n}/hugepages/hugepages-2048kB/nr_hugepages" for n in nodes]
+        self.count = count
+
+    def __enter__(self) -> "HugePages":
+        self.before = [read(p) for p in self.paths]
+        for p in self.paths:
+            with open(p, "w") as f:
+                f.write(str(self.count))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p, value in zip(self.paths, self.before):
+            with open(p, "w") as f:
+                f.write(value)
+
+
+def test_huge_pages_follow_a_task_too(topo, tmp_path):
+    """A hugetlb mapping (2 MiB pages, numa_maps' kernelpagesize_kB=2048) is moved page by huge page."""
+    old, new = 0, topo.nodes - 1
+    if not os.path.exists("/sys/devices/system/node/node0/hugepages/hugepages-2048kB"):
+        pytest.skip("the guest kernel has no 2 MiB huge pages")
+    with NumaBalancing(False), HugePages([old, new], 4):
+        task = subprocess.Popen([sys.executable, "-c", HUGE, ",".join(map(str, topo.node_cpus(old)))],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            addr = int(task.stdout.readline())
+            assert node_pages(task.pid, addr) == {old: 2}, "two huge pages on the first node"
+            enf = enforcer("affinity", str(tmp_path / "state"))
+            try:
+                enf.apply("db", [task.pid], topo.node_cpus(new), [new])
+                assert node_pages(task.pid, addr) == {new: 2}
+                (report,) = enf.moves["db"]
+                assert report.bytes_moved >= 4 << 20, report
+            finally:
+                enf.close()
+        finally:
+            task.kill()
+            task.wait()
