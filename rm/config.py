@@ -77,7 +77,7 @@ class RMConfig:
     state_dir: str | None = None         # records of what was pinned, for crash cleanup; None: /run/cod as root
     cgroup_parent: str = "cod"           # the cpuset cgroup under which each task gets its own
     resctrl_root: str = "/sys/fs/resctrl"  # cache partitioning (MLS); no resctrl mount there: off (logged)
-    memory_migrate: bool = False         # move a task's pages when its memory nodes change (costly; see docs)
+    memory_migrate: bool = True          # move a task's resident pages to its nodes, in bounded batches (issue 26)
     events_poll_interval_s: float = 0.1  # /proc polling when the proc connector is unavailable (not root)
     busy_detect: bool = True             # notice unregistered CPU hogs and keep tasks' cores away from them
     busy_interval_s: float = 0.1         # busy sampling period

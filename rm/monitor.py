@@ -31,6 +31,7 @@ from .enforce import EnforceError, Enforcer
 from .enforce.busy import BusyDetector, BusyProcess, confine
 from .enforce.livestate import LiveStateSampler
 from .enforce.procevents import ProcEvent, open_source
+from .memory_drift import DriftWatch
 from .registry import Task
 from .scope import ProcessScope
 from .service import ResourceManager
@@ -59,6 +60,7 @@ class Monitor:
         self.source: Any = None
         self.detector: BusyDetector | None = None
         self.sampler = LiveStateSampler()
+        self.drift = DriftWatch()  # pages off their task's memory nodes (logged when it starts and stops)
         self._timers: list[asyncio.TimerHandle] = []
         self._jobs: set[asyncio.Task[Any]] = set()
         self._written: dict[str, list[str]] = {}  # SKB pattern -> facts last written
@@ -278,6 +280,7 @@ class Monitor:
             task_cpu_use_fact(ANY, ANY): [task_cpu_use_fact(n, p) for n, p in sorted(uses.items())],
         }
         if pages:
+            self._watch_drift(state.tasks)
             writes[task_numa_pages_fact(ANY, ANY, ANY)] = [task_numa_pages_fact(n, node, count)
                                                   for n, s in sorted(state.tasks.items())
                                                   for node, count in s.pages.items()]
@@ -294,6 +297,18 @@ class Monitor:
         if changed:
             self._refreshing = True
             self._spawn(self._write_live_state(changed))
+
+    def _watch_drift(self, tasks: dict[str, Any]) -> None:
+        """A log line when a task's pages start (or stop) lying off its memory nodes."""
+        self.drift.forget(tasks)
+        for name, task_state in tasks.items():
+            task = self.rm.find_task(name)
+            if task is None:
+                continue
+            nodes = self.rm.publisher.allocation_of(task)["memory_nodes"]
+            change = self.drift.observe(name, task_state.pages, nodes)
+            if change is not None:
+                (log.warning if change[0] == "drift" else log.info)("%s", change[1])
 
     @staticmethod
     def _close_enough(old: dict[Any, int] | None, new: dict[Any, int]) -> bool:

@@ -278,6 +278,24 @@ def test_explanation_sentences_name_the_evidence() -> None:
     assert "NUMA-sensitive: on 2 node(s); the fewest that could hold 8 CPUs: 2." in scan
 
 
+@pytest.mark.parametrize("pages,says", [
+    ({}, ["Not measured yet (the daemon reads numa_maps every few refreshes)."]),
+    ({"2": 256 * 900, "3": 256 * 100}, ["1000 MiB resident: node 2 900 MiB (90%), node 3 100 MiB (10%)",
+                                        "100% on the nodes of its CPUs (2, 3)."]),
+    ({"0": 256 * 30, "2": 256 * 70}, ["100 MiB resident: node 0 30 MiB (30%), node 2 70 MiB (70%)",
+                                      "70% on the nodes of its CPUs (2); the rest drifted off them or was not "
+                                      "moved (the daemon logs it)."]),
+])
+def test_explain_says_where_the_tasks_memory_is(pages, says) -> None:
+    listing = {**LISTING, "tasks": [{**t, "numa_pages": pages} if t["task"] == "olap1" else t for t in LISTING["tasks"]]}
+    if pages == {"0": 256 * 30, "2": 256 * 70}:
+        listing["tasks"] = [{**t, "cores": [12, 13]} if t["task"] == "olap1" else t for t in listing["tasks"]]
+    ex = explain_task("olap1", listing, MAGNY)
+    assert ex["memory"] == says
+    text = explanation_lines(ex)
+    assert text[text.index("Where its memory is:") + 1:][:len(says)] == [f"  - {m}" for m in says]
+
+
 def test_explain_unknown_task_names_the_known_ones() -> None:
     with pytest.raises(KeyError, match="registered tasks: olap1, scan"):
         explain_task("nope", LISTING, MAGNY)

@@ -37,8 +37,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cgroup-parent", metavar="NAME", help="cpuset cgroup holding the tasks' cgroups (default: cod)")
     p.add_argument("--resctrl-root", metavar="DIR",
                    help="resctrl mount for cache partitioning (default: /sys/fs/resctrl; none there: off)")
-    p.add_argument("--memory-migrate", action="store_const", const=True, default=None,
-                   help="move a task's pages when its memory nodes change (off by default: costly)")
+    mig = p.add_mutually_exclusive_group()
+    mig.add_argument("--memory-migrate", dest="memory_migrate", action="store_const", const=True, default=None,
+                     help="move a task's resident pages to its nodes when they change, in batches of bounded "
+                          "time (the default)")
+    mig.add_argument("--no-memory-migrate", dest="memory_migrate", action="store_const", const=False,
+                     help="leave resident pages where they are (cgroup v2 cpuset mode: the kernel still moves "
+                          "them, in one go, when cpuset.mems changes)")
     conf = p.add_mutually_exclusive_group()
     conf.add_argument("--confine-others", dest="confine_others", action="store_const", const=True, default=None,
                       help="confine unregistered busy processes to the cores no task holds (default when root)")

@@ -6,6 +6,7 @@ import warnings
 from typing import Any
 
 from .errors import CodError
+from .memory import MemoryRanges
 from .parts import ClientParts, Handler
 
 
@@ -15,12 +16,16 @@ class Tasks(ClientParts):
     def register_task(self, name: str, *, pid: int | None = None, min_cores: int = 1,
                       max_cores: int | None = None, facts: list[str] | None = None,
                       procedures: list[str] | None = None, on_allocation: Handler | None = None,
-                      **properties: Any) -> dict[str, Any]:
+                      memory: MemoryRanges | None = None, **properties: Any) -> dict[str, Any]:
         """Register a task (this process unless `pid`); `facts` and `procedures` go in the same call.
 
         Returns the daemon's reply, whose "allocation" is the task's first allocation.
         `on_allocation(event)` is called for each allocation_changed upcall of the task.
+        `memory`: ranges bound to the task's memory nodes from its first allocation on, and again
+        on each upcall before `on_allocation` runs (cod.client.memory).
         """
+        if memory is not None:
+            on_allocation = _following(memory, on_allocation)
         props = {"min_cores": min_cores, **properties}
         if max_cores is not None:
             props["max_cores"] = max_cores
@@ -47,6 +52,8 @@ class Tasks(ClientParts):
                 # Each text's predicates are not echoed by register_task: key it by its own text.
                 self._held.procedure(text, False, [f"text:{text}"])
         self._remember_allocation(result["allocation"])
+        if memory is not None:
+            memory.follow(result["allocation"])
         return result
 
     def update_task(self, name: str | None = None, **properties: Any) -> dict[str, Any]:
@@ -166,3 +173,12 @@ def _ack_arguments(args: tuple[Any, ...], task: Any, epoch: Any) -> tuple[str | 
     if not isinstance(epoch, int) or isinstance(epoch, bool):
         raise TypeError(f"ack_allocation(): epoch must be an int, not {type(epoch).__name__}")
     return task, epoch
+
+
+def _following(memory: MemoryRanges, handler: Handler | None) -> Handler:
+    """A handler that binds ``memory`` to the upcall's memory nodes, then runs ``handler``."""
+    def on_allocation(event: dict[str, Any]) -> None:
+        memory.follow(event)
+        if handler is not None:
+            handler(event)
+    return on_allocation

@@ -14,13 +14,20 @@ from .recording import RecordingEnforcer
 
 
 class AffinityEnforcer(RecordingEnforcer):
-    """Pins threads with sched_setaffinity; memory placement is left to the kernel."""
+    """Pins threads with sched_setaffinity.  With ``memory_migrate`` the pages a task holds are
+    moved to its nodes (by pid, in bounded batches); where new pages go is the kernel's first
+    touch on the pinned CPUs, or the policy the process sets (docs/design-enforce.md)."""
 
     name = "affinity"
 
     def describe(self) -> str:
-        return "affinity (sched_setaffinity on every thread; no cgroups)"
+        extra = "; pages follow in batches" if self.memory_migrate else ""
+        return f"affinity (sched_setaffinity on every thread; no cgroups{extra})"
 
     def _enforce(self, task: str, pids: list[int], cpus: tuple[int, ...], mems: tuple[int, ...],
                  placements: Mapping[int, Mapping[int, tuple[int, ...]]]) -> list[int]:
-        return [p for p in pids if pin_process(p, cpus, self.proc, placements.get(p))]
+        pinned = [p for p in pids if pin_process(p, cpus, self.proc, placements.get(p))]
+        moving = self._pids_to_move(task, pinned, mems)
+        if moving:
+            self._move_memory(task, moving, mems)
+        return pinned

@@ -114,10 +114,9 @@ class CpusetEnforcer(RecordingEnforcer):
             raise EnforceError(f"{type(self).__name__} needs cgroup v{self.version}, got {mount.describe()}")
         if not TASK_NAME.fullmatch(parent):
             raise EnforceError(f"cgroup parent {parent!r}: use 1-64 of A-Z a-z 0-9 _ . : - (not starting with . : -)")
-        super().__init__(state_dir, proc)
+        super().__init__(state_dir, proc, memory_migrate=memory_migrate)
         self.mount = mount
         self.parent = os.path.join(mount.path, parent)
-        self.memory_migrate = memory_migrate
         self.exclusive = exclusive
         try:
             self._make_parent()
@@ -191,8 +190,12 @@ class CpusetEnforcer(RecordingEnforcer):
                 pass
             except OSError as err:
                 raise EnforceError(f"cannot create cgroup {path}: {err.strerror}") from err
-        old_mems = procfs.parse_cpu_list(_read(os.path.join(path, "cpuset.mems")) or "")
-        self._configure(path, cpus, mems, fresh)
+        # Memory follows in bounded batches (decision 6): the cpuset first allows every node, so
+        # neither the attach nor the new CPUs make the kernel move everything in one go; the
+        # PageMover moves the pages; the final cpuset.mems makes the kernel move what is left.
+        moving = self._pids_to_move(task, pids, mems)
+        wide = tuple(sorted(set(self._parent_mems()) | set(mems))) if moving else mems
+        self._configure(path, cpus, wide, fresh)
         applied = []
         for pid in pids:
             # The kernel resets affinity on attach only when the cpuset's CPUs differ
@@ -200,13 +203,23 @@ class CpusetEnforcer(RecordingEnforcer):
             # A thread's own placement inside the new CPUs is kept (decision 14).
             if self._move_process(path, pid) and pin_process(pid, cpus, self.proc, placements.get(pid)):
                 applied.append(pid)
-                if self.memory_migrate and self.version == 2 and set(old_mems) != set(mems):
-                    # From wherever its pages are (any node) to the task's nodes.
-                    migrate_pages(pid, online_nodes(), mems)
+        if moving:
+            self._move_memory(task, [p for p in applied if p in set(moving)], mems)
+            if wide != mems:
+                _write(os.path.join(path, "cpuset.mems"), procfs.format_cpu_list(mems))
         return applied
 
     def _configure(self, path: str, cpus: tuple[int, ...], mems: tuple[int, ...], fresh: bool) -> None:
         raise NotImplementedError
+
+    def _parent_mems(self) -> tuple[int, ...]:
+        """The nodes the COD parent may give (not every online node has memory: a memoryless
+        node is online but in no cpuset)."""
+        for name in ("cpuset.mems.effective", "cpuset.effective_mems", "cpuset.mems"):
+            path = os.path.join(self.parent, name)
+            if os.path.exists(path):
+                return procfs.parse_cpu_list(_read(path))
+        return online_nodes()
 
     def _move_process(self, path: str, pid: int) -> bool:
         raise NotImplementedError

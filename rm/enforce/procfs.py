@@ -13,6 +13,7 @@ answers None (or [] / {}), never a half-read value.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -193,6 +194,57 @@ def meminfo(path: str = PROC + "/meminfo") -> dict[str, int]:
     except OSError:
         return {}
     return out
+
+
+@dataclass(frozen=True)
+class NumaRange:
+    """One mapping of a process and where its resident pages are (``/proc/PID/numa_maps``
+    joined with ``/proc/PID/maps`` for the end address)."""
+
+    start: int
+    end: int
+    page_size: int  # bytes (kernelpagesize_kB): a hugetlb mapping's pages are 2 MiB or 1 GiB
+    pages: dict[int, int]  # node -> resident pages of page_size
+
+    def pages_off(self, nodes: Iterable[int]) -> int:
+        """Resident pages on nodes outside ``nodes``."""
+        keep = set(nodes)
+        return sum(n for node, n in self.pages.items() if node not in keep)
+
+
+_NODE_TOKEN = re.compile(r"\bN(\d+)=(\d+)")
+_PAGE_KB_TOKEN = re.compile(r"\bkernelpagesize_kB=(\d+)")
+
+
+def parse_numa_ranges(maps: str, numa_maps: str) -> list[NumaRange]:
+    """The mappings of a numa_maps text that hold resident pages, with their end from maps."""
+    ends = {}
+    for line in maps.splitlines():
+        lo, _, hi = line.partition(" ")[0].partition("-")
+        if hi:
+            ends[int(lo, 16)] = int(hi, 16)
+    out = []
+    for line in numa_maps.splitlines():
+        start_text, _, rest = line.partition(" ")
+        pages = {int(n): int(c) for n, c in _NODE_TOKEN.findall(rest)}
+        start = int(start_text, 16) if start_text else None
+        if not pages or start not in ends:
+            continue  # nothing resident, or the mapping changed between the two reads
+        kb = _PAGE_KB_TOKEN.search(rest)
+        out.append(NumaRange(start, ends[start], int(kb.group(1)) * 1024 if kb else 4096, pages))
+    return out
+
+
+def numa_ranges(pid: int, proc: str = PROC) -> list[NumaRange]:
+    """``pid``'s mappings holding resident pages, and on which nodes; [] when it is gone."""
+    try:
+        with open(f"{proc}/{pid}/maps") as f:
+            maps = f.read()
+        with open(f"{proc}/{pid}/numa_maps") as f:
+            numa_maps = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    return parse_numa_ranges(maps, numa_maps)
 
 
 def pids(proc: str = PROC) -> list[int]:

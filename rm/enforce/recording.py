@@ -17,6 +17,7 @@ from cod.protocol.names import name_problem
 
 from . import cgroupfs, procfs
 from .errors import EnforceError
+from .pagemove import MoveReport, PageMover
 from .pinning import set_thread_affinity, thread_placements
 from .state import ProcRecord, StateStore, TaskRecord
 
@@ -36,8 +37,12 @@ class RecordingEnforcer:
 
     name = "abstract"
 
-    def __init__(self, state_dir: str, proc: str = procfs.PROC) -> None:
+    def __init__(self, state_dir: str, proc: str = procfs.PROC, memory_migrate: bool = False) -> None:
         self.proc = proc
+        self.memory_migrate = memory_migrate
+        self.mover = PageMover(proc=proc)
+        self.moves: dict[str, list[MoveReport]] = {}  # the last page moves of each task
+        self._moved: dict[str, tuple[tuple[int, ...], set[int]]] = {}  # task -> (nodes, pids moved there)
         self.state = StateStore(state_dir)
         self.cpus: dict[str, tuple[int, ...]] = {}
         self.mems: dict[str, tuple[int, ...]] = {}
@@ -93,6 +98,36 @@ class RecordingEnforcer:
 
     def _original_cgroup(self, pid: int) -> str | None:
         return None  # cpuset backends say where the process was
+
+    # ---- memory follows the cores ------------------------------------------
+    def _pids_to_move(self, task: str, pids: Sequence[int], mems: tuple[int, ...]) -> list[int]:
+        """The pids whose pages have not been moved to ``mems`` yet (all of them when the task's
+        nodes changed); [] when memory migration is off."""
+        if not self.memory_migrate:
+            return []
+        nodes, done = self._moved.get(task, ((), set()))
+        if nodes != mems:
+            done = set()
+        return [p for p in pids if p not in done]
+
+    def _move_memory(self, task: str, pids: Sequence[int], mems: tuple[int, ...]) -> None:
+        """Move each pid's resident pages off ``mems`` onto them, in batches of bounded time
+        (`PageMover`); a process that cannot be moved is logged, not fatal (it stays pinned)."""
+        nodes, done = self._moved.get(task, ((), set()))
+        done = set(done) if nodes == mems else set()
+        reports = []
+        for pid in pids:
+            try:
+                report = self.mover.move(pid, mems)
+            except EnforceError as err:
+                log.warning("task %s: pages of pid %d stay where they are: %s", task, pid, err)
+                continue
+            done.add(pid)
+            reports.append(report)
+            if report.found:
+                log.info("task %s: pages to nodes %s: %s", task, procfs.format_cpu_list(mems), report.describe())
+        self._moved[task] = (mems, done)
+        self.moves[task] = reports
 
     def _restore_affinity(self, pid: int, rec: ProcRecord) -> bool:
         """Give ``pid``'s threads back their recorded masks; False if it is gone."""
@@ -261,6 +296,7 @@ class RecordingEnforcer:
         rec = self.state.tasks.pop(task, None)
         self.cpus.pop(task, None)
         self.mems.pop(task, None)
+        self._moved.pop(task, None)
         if rec is None:
             return
         for pid, prec in [*rec.procs.items(), *rec.children.items()]:

@@ -102,3 +102,83 @@ def cgroup_confines(pid: int, cpus, mems) -> None:
     assert read(f"{cg}/cpuset.mems.effective") == fmt(mems)
     assert status_list(pid, "Cpus_allowed_list") == fmt(cpus)
     assert status_list(pid, "Mems_allowed_list") == fmt(mems)
+
+
+MEMTASK = r"""
+import ctypes, mmap, os, queue, sys, threading
+os.sched_setaffinity(0, [int(c) for c in sys.argv[1].split(",")])  # where its first pages go
+keep, jobs, done = [], [queue.Queue() for _ in range(int(sys.argv[2]))], queue.Queue()
+
+def worker(q):
+    while True:
+        mib = q.get()
+        keep.append(mmap.mmap(-1, 4096, prot=mmap.PROT_READ))  # a neighbour the next one cannot merge with
+        m = mmap.mmap(-1, mib << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        for off in range(0, mib << 20, 4096):
+            m[off] = 1
+        keep.append(m)
+        done.put(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+
+for q in jobs:
+    threading.Thread(target=worker, args=(q,), daemon=True).start()
+for line in sys.stdin:
+    for q in jobs:  # each thread touches its share of a fresh mapping of its own
+        q.put(int(line))
+    print(" ".join(str(done.get()) for _ in jobs), flush=True)
+"""
+
+
+class MemTask(Toucher):
+    """A Toucher whose pages are touched by ``threads`` threads that live as long as it does:
+    ``touch(mib)`` has each thread map and write ``mib`` MiB and returns the mappings' addresses."""
+
+    def __init__(self, cpus, threads: int = 1) -> None:
+        super().__init__(cpus)
+        self.threads = threads
+
+    def __enter__(self) -> "MemTask":
+        self.proc = subprocess.Popen([sys.executable, "-c", MEMTASK, self.cpus, str(self.threads)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        return self
+
+    def touch(self, mib: int) -> list[int]:
+        self.proc.stdin.write(f"{mib}\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"the memory task died (exit {self.proc.poll()})"
+        return [int(a) for a in line.split()]
+
+
+def process_pages(pid: int) -> dict[int, int]:
+    """Resident 4 KiB pages per node of the whole process (every mapping; a huge page counts
+    as the base pages it holds), read by COD's own numa_maps reader."""
+    from cod.rm.enforce.procfs import numa_ranges
+    out: dict[int, int] = {}
+    for rng in numa_ranges(pid):
+        for node, n in rng.pages.items():
+            out[node] = out.get(node, 0) + n * (rng.page_size // 4096)
+    return out
+
+
+def share_on(pages: dict[int, int], nodes) -> float:
+    total = sum(pages.values())
+    return sum(n for node, n in pages.items() if node in set(nodes)) / total if total else 0.0
+
+
+class NumaBalancing:
+    """Sets /proc/sys/kernel/numa_balancing for a block and restores what was there."""
+
+    PATH = "/proc/sys/kernel/numa_balancing"
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+
+    def __enter__(self) -> "NumaBalancing":
+        self.before = read(self.PATH)
+        with open(self.PATH, "w") as f:
+            f.write("1" if self.on else "0")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with open(self.PATH, "w") as f:
+            f.write(self.before)

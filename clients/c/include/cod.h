@@ -104,7 +104,8 @@ enum cod_error {
     COD_ESERVER = -36,       /* any other code the daemon sends (e.g. new ones in -32000..-32099) */
     COD_EQUOTA = -37,        /* -32031, -32052: over a quota (facts, procedures, subscriptions) */
     COD_ESLOW = -38,         /* -32071: this client was too slow (no hello, a frame not completed in time) */
-    COD_ECANCELLED = -39     /* -32053: the query was stopped by a `cancel` call of its own connection */
+    COD_ECANCELLED = -39,    /* -32053: the query was stopped by a `cancel` call of its own connection */
+    COD_ESYSTEM = -40        /* the kernel refused a call libcod makes itself (errno says why) */
 };
 
 /* The name of a COD_E... code as a short phrase ("connection lost", ...). */
@@ -333,6 +334,22 @@ COD_EXPORT int cod_ack_allocation(cod_conn *c, const char *task, long long epoch
 COD_EXPORT int cod_last_allocation(cod_conn *c, const char *task, cod_allocation *out);
 /* The allocation carried by an allocation_changed event. */
 COD_EXPORT int cod_event_allocation(const cod_event *ev, cod_allocation *out);
+
+/* ---- memory: where the task's new pages go (docs/design-enforce.md) --------------------------------
+ * In cpuset mode the kernel keeps a task's new pages on its nodes; in affinity mode nothing does
+ * but the process itself.  These apply an allocation's memory_nodes (from a reply, an upcall or
+ * cod_last_allocation); an allocation without memory nodes (no CPU yet) changes nothing (0).
+ * The daemon moves the pages already resident, in batches; these calls move none. */
+#define COD_MEM_PREFERRED 1   /* MPOL_PREFERRED: the first memory node, others when it is full */
+#define COD_MEM_BIND 2        /* MPOL_BIND: only the memory nodes */
+#define COD_MEM_INTERLEAVE 3  /* MPOL_INTERLEAVE: page by page over the memory nodes */
+/* The calling thread's new pages (set_mempolicy(2)): a policy belongs to the thread that sets it,
+ * so each worker thread calls this, e.g. when it sees a new epoch.  COD_EINVAL for a bad mode or
+ * allocation, COD_ESYSTEM when the kernel refuses (errno). */
+COD_EXPORT int cod_bind_thread_memory(const cod_allocation *a, int mode);
+/* The pages of [addr, addr + len) (mbind(2); addr page-aligned), whichever thread touches them:
+ * for a buffer pool, call it from the allocation handler. */
+COD_EXPORT int cod_bind_memory_range(void *addr, size_t len, const cod_allocation *a, int mode);
 
 /* ---- batch ---------------------------------------------------------------------------------------- */
 typedef struct cod_batch cod_batch;

@@ -68,6 +68,7 @@ const char *cod_strerror(int code)
     case COD_EQUOTA: return "quota exceeded";
     case COD_ESLOW: return "too slow for the daemon";
     case COD_ECANCELLED: return "query cancelled";
+    case COD_ESYSTEM: return "refused by the kernel";
     default: return "unknown error";
     }
 }

@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -426,10 +428,67 @@ static void test_error_codes(void)
              {-1, COD_ESERVER}};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         CHECK(cod_error_from_server(t[i].server) == t[i].want, "%lld", t[i].server);
-    for (int code = 0; code >= COD_ECANCELLED; code--)
+    for (int code = 0; code >= COD_ESYSTEM; code--)
         if (code > COD_EREPLAY || code <= COD_EREQUEST)
             CHECK(strcmp(cod_strerror(code), "unknown error") != 0, "code %d has a name", code);
     CHECK(strcmp(cod_strerror(-1000), "unknown error") == 0, "an unknown code");
+}
+
+/* ---- memory: the allocation's memory nodes as the kernel's policy (node 0 exists everywhere) ---- */
+static int policy_of(void *addr, int *node0)
+{
+    int mode = -1;
+    unsigned long mask[64] = {0};
+    if (syscall(SYS_get_mempolicy, &mode, mask, 64 * 64 + 1, addr, addr ? 2UL /* MPOL_F_ADDR */ : 0UL) != 0)
+        return -1;
+    *node0 = (int)(mask[0] & 1);
+    return mode;
+}
+
+static void *bind_in_thread(void *arg)
+{
+    const cod_allocation *a = arg;
+    int node0 = 0;
+    CHECK(cod_bind_thread_memory(a, COD_MEM_BIND) == COD_OK, "bind");
+    CHECK(policy_of(NULL, &node0) == COD_MEM_BIND && node0, "the thread's policy is bind to node 0");
+    CHECK(cod_bind_thread_memory(a, COD_MEM_PREFERRED) == COD_OK, "preferred");
+    CHECK(policy_of(NULL, &node0) == COD_MEM_PREFERRED && node0, "then preferred node 0");
+    return NULL;
+}
+
+static void test_memory(void)
+{
+    current = "memory";
+    int nodes[] = {0}, far[] = {4000}, bad[] = {-1};
+    cod_allocation a = {0}, none = {0}, absent = {0}, negative = {0};
+    a.memory_nodes = nodes, a.nmemory_nodes = 1;
+    absent.memory_nodes = far, absent.nmemory_nodes = 1;
+    negative.memory_nodes = bad, negative.nmemory_nodes = 1;
+    pthread_t t;
+    pthread_create(&t, NULL, bind_in_thread, &a);
+    pthread_join(t, NULL);
+    int node0 = 0;
+    CHECK(policy_of(NULL, &node0) == 0, "another thread's policy is its own: this one is still default");
+    CHECK(cod_bind_thread_memory(&none, COD_MEM_BIND) == 0, "no memory nodes: nothing to do");
+    CHECK(cod_bind_thread_memory(NULL, COD_MEM_BIND) == COD_EINVAL, "NULL");
+    CHECK(cod_bind_thread_memory(&a, 0) == COD_EINVAL && cod_bind_thread_memory(&a, 4) == COD_EINVAL, "bad mode");
+    CHECK(cod_bind_thread_memory(&negative, COD_MEM_BIND) == COD_EINVAL, "negative node");
+    errno = 0;
+    CHECK(cod_bind_thread_memory(&absent, COD_MEM_BIND) == COD_ESYSTEM && errno == EINVAL, "a node the machine lacks");
+    CHECK(policy_of(NULL, &node0) == 0, "refused calls changed nothing");
+
+    size_t len = 1 << 20;
+    char *pool = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CHECK(pool != MAP_FAILED, "mmap");
+    if (pool == MAP_FAILED)
+        return;
+    CHECK(cod_bind_memory_range(pool, len, &a, COD_MEM_BIND) == COD_OK, "mbind");
+    CHECK(policy_of(pool, &node0) == COD_MEM_BIND && node0, "the range's policy is bind to node 0");
+    CHECK(cod_bind_memory_range(pool + 1, len - 4096, &a, COD_MEM_BIND) == COD_EINVAL, "unaligned");
+    CHECK(cod_bind_memory_range(pool, 0, &a, COD_MEM_BIND) == COD_EINVAL, "empty range");
+    CHECK(cod_bind_memory_range(pool, len, &absent, COD_MEM_BIND) == COD_ESYSTEM, "a node the machine lacks");
+    CHECK(policy_of(pool, &node0) == COD_MEM_BIND && node0, "a refused mbind changed nothing");
+    munmap(pool, len);
 }
 
 /* ===================================================================================== */
@@ -1617,7 +1676,8 @@ int main(int argc, char **argv)
                 {"values", test_values},
                 {"quote and format", test_quote_and_format},
                 {"pattern", test_pattern_match},
-                {"error codes", test_error_codes}};
+                {"error codes", test_error_codes},
+                {"memory", test_memory}};
     for (size_t k = 0; k < sizeof unit / sizeof unit[0]; k++) {
         if (only && !strstr(unit[k].name, only))
             continue;

@@ -171,6 +171,23 @@ def _placement(name: str, task: dict[str, Any], tasks: dict[str, dict[str, Any]]
     return out
 
 
+def memory_lines(task: dict[str, Any], machine: Machine | None) -> list[str]:
+    """Where the task's resident pages are (``task_numa_pages/3``, as last measured), against the
+    nodes of its CPUs, where they belong."""
+    pages = {int(n): int(p) for n, p in (task.get("numa_pages") or {}).items()}
+    total = sum(pages.values())
+    if not total:
+        return ["Not measured yet (the daemon reads numa_maps every few refreshes)."]
+    home = sorted({n for c in task.get("cores") or [] if (n := _node_of(machine, c)) is not None})
+    out = [f"{human_bytes(total * 4096)} resident: " + ", ".join(
+        f"node {n} {human_bytes(p * 4096)} ({p / total:.0%})" for n, p in sorted(pages.items()))]
+    if home:
+        on = sum(p for n, p in pages.items() if n in home)
+        out.append(f"{on / total:.0%} on the nodes of its CPUs ({', '.join(map(str, home))})"
+                   + ("." if on == total else "; the rest drifted off them or was not moved (the daemon logs it)."))
+    return out
+
+
 def explain_task(name: str, listing: dict[str, Any], machine: Machine | None) -> dict[str, Any]:
     """The explanation of task ``name`` from a list_tasks listing (and the machine, when known)."""
     tasks = {t["task"]: t for t in listing.get("tasks", [])}
@@ -202,7 +219,7 @@ def explain_task(name: str, listing: dict[str, Any], machine: Machine | None) ->
     return {
         "task": name, "pid": task.get("pid"), "app": task.get("app"), "cores": cores,
         "releasing": releasing, "asked": _asked(task.get("properties") or {}, n_cpus),
-        "placement": placement, "constraints": constraints,
+        "placement": placement, "memory": memory_lines(task, machine), "constraints": constraints,
         "plan": {k: plan.get(k) for k in ("solver", "status", "solve_ms", "cache_policy", "cache_partition")},
         "epoch": listing.get("epoch"),
     }
@@ -218,6 +235,9 @@ def explanation_lines(ex: dict[str, Any]) -> list[str]:
     lines += [f"  - {a}" for a in ex["asked"]]
     lines.append("Where its CPUs are:")
     lines += [f"  - {p}" for p in ex["placement"]]
+    if ex.get("memory"):
+        lines.append("Where its memory is:")
+        lines += [f"  - {m}" for m in ex["memory"]]
     lines.append("What bounds it:")
     lines += [f"  - {c['text']}" for c in ex["constraints"]]
     plan = ex.get("plan") or {}
