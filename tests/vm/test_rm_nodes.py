@@ -130,9 +130,11 @@ def test_the_adaptive_mode_grows_a_group_on_the_node_of_its_pages(topo, rm, spaw
             time.sleep(ElasticSettings().pages_refresh_s + 1)
             loaded_at = time.time()
             os.kill(spinner.pid, signal.SIGCONT)
+            grown = topo.cpus_per_node + 1
+            wait_until(lambda: len(affinity(spinner.pid)) == grown == len(affinity(toucher.pid)), SLOW,
+                       f"the group grown to {grown} CPUs", interval=1.0)
             on_node = set(topo.node_cpus(node))
-            wait_until(lambda: on_node <= affinity(spinner.pid) and on_node <= affinity(toucher.pid), SLOW,
-                       f"the group grown onto node {node}'s CPUs {sorted(on_node)}", interval=1.0)
+            assert on_node <= affinity(spinner.pid), (node, affinity(spinner.pid))
             periods = result(c.call("deregister_unmanaged", {"name": "adaptive"}))["periods"]
         # Every CPU granted under the load went to the pages' node while it had one free.
         held, grants = set(), 0
