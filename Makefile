@@ -26,7 +26,7 @@ EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 VM_APT_PACKAGES := qemu-system-x86 busybox-static udev kmod
 VM_TOPOLOGY ?= 2x2
 VM_TOPOLOGIES := 2x2 4x2
-VM_TIMEOUT ?= 900
+VM_TIMEOUT ?= 1800
 VMRUN := $(PYTHON) tests/vm/vmrun.py
 
 
