@@ -16,6 +16,8 @@ APT_PACKAGES += postgresql
 APT_PACKAGES += libjansson-dev pkg-config valgrind clang libclang-rt-dev
 # CSCS (clients/cscs): libnuma for partition placement.
 APT_PACKAGES += libnuma-dev
+# BPF process events (rm/enforce/bpf, issue 27): libbpf for their loader (the BPF side is built with clang).
+APT_PACKAGES += libbpf-dev
 PYTEST_ARGS ?=
 # setuptools says at every editable install that a folder named like a package may shadow it
 # (a BuildBackendWarning of ten lines): true of any editable install, and nothing to act on here.
@@ -30,14 +32,18 @@ VM_TIMEOUT ?= 900
 VMRUN := $(PYTHON) tests/vm/vmrun.py
 
 
-.PHONY: setup deps demo test bench clean cclient skb-user nri-test vm-deps vm-test vm-shell vm-suites
+.PHONY: setup bpf deps demo test bench clean cclient skb-user nri-test vm-deps vm-test vm-shell vm-suites
 
 # The SKB engine's seccomp filter against execve (skb/native/cod_noexec.c, preloaded by skb/lockdown.py).
 NOEXEC_SO := skb/native/cod_noexec.so
 # The unprivileged user the SKB engine runs as when the daemon is root (EngineConfig.user, RM skb_user).
 SKB_USER ?= cod-skb
 
-setup: deps $(STAMP) $(NOEXEC_SO) skb-user
+setup: deps $(STAMP) $(NOEXEC_SO) skb-user bpf
+
+# The BPF process events' object and loader (rm/enforce/bpfevents.py; the RM uses the proc connector without them).
+bpf:
+	$(MAKE) -s -C rm/enforce/bpf
 
 $(NOEXEC_SO): skb/native/cod_noexec.c
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $<
@@ -119,3 +125,4 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(NOEXEC_SO)
+	$(MAKE) -s -C rm/enforce/bpf clean
