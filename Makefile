@@ -27,6 +27,12 @@ EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 # initramfs (busybox) and udev (its script I/O ports), depmod for the guest's modules.
 VM_APT_PACKAGES := qemu-system-x86 busybox-static udev kmod
 VM_TOPOLOGY ?= 2x2
+# debian: Debian's 6.12 kernel image; scx: Debian's linux-source-6.12 built with sched_ext and
+# BTF (kernel_patches/build_kernel.sh; not part of make test: see kernel_patches/README.md).
+VM_KERNEL ?= debian
+# What building that kernel and scx_cod needs (flex/bison/bc/libelf/libssl for the kernel,
+# dwarves' pahole for its BTF, bpftool for vmlinux.h, clang-19 for scx_cod's BPF).
+SCX_APT_PACKAGES := flex bison bc libelf-dev libssl-dev zlib1g-dev dwarves bpftool clang-19
 VM_TOPOLOGIES := 2x2 4x2
 VM_TIMEOUT ?= 900
 VMRUN := $(PYTHON) tests/vm/vmrun.py
@@ -97,13 +103,15 @@ vm-suites: setup vm-deps
 vm-deps:
 	@$(MAKE) -s deps APT_PACKAGES="$(VM_APT_PACKAGES)"
 
-# One guest: make vm-test [VM_TOPOLOGY=2x2|4x2] [PYTEST_ARGS='-x tests/vm/test_topology.py']
+# One guest: make vm-test [VM_TOPOLOGY=2x2|4x2] [VM_KERNEL=debian|scx] [PYTEST_ARGS='-x tests/vm/test_topology.py']
 vm-test: setup vm-deps
-	$(VMRUN) test --topology $(VM_TOPOLOGY) --timeout $(VM_TIMEOUT) -- $(PYTEST_ARGS)
+	@if [ "$(VM_KERNEL)" = scx ]; then $(MAKE) -s deps APT_PACKAGES="$(SCX_APT_PACKAGES)"; fi
+	$(VMRUN) test --topology $(VM_TOPOLOGY) --kernel $(VM_KERNEL) --timeout $(VM_TIMEOUT) -- $(PYTEST_ARGS)
 
 # A root shell in the guest (needs a terminal); exit (or Ctrl-D) powers it off.
 vm-shell: setup vm-deps
-	$(VMRUN) shell --topology $(VM_TOPOLOGY)
+	@if [ "$(VM_KERNEL)" = scx ]; then $(MAKE) -s deps APT_PACKAGES="$(SCX_APT_PACKAGES)"; fi
+	$(VMRUN) shell --topology $(VM_TOPOLOGY) --kernel $(VM_KERNEL)
 
 # The NRI plugin (clients/nri, docs/kubernetes.md): go vet and its tests against a real `cod rm`.
 # Go 1.24+ is needed (containerd/nri); an older Go fetches the right toolchain itself (GOTOOLCHAIN=auto).

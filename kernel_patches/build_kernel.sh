@@ -4,7 +4,7 @@
 #   kernel_patches/build_kernel.sh          build (or find) it; prints the cache directory holding it
 #   kernel_patches/build_kernel.sh --source prints the unpacked source tree (for scx_cod's build)
 #
-# Config: x86_64_defconfig + the tree's kernel/configs/kvm_guest.config + kernel_patches/scx.config,
+# Config: tinyconfig + the tree's kernel/configs/kvm_guest.config + kernel_patches/scx.config,
 # merged by scripts/kconfig/merge_config.sh. Every option scx.config sets must survive olddefconfig,
 # or the build stops and names it. The result is cached by (source version, hash of the final
 # .config) under $COD_VM_CACHE (else ~/.cache/cod-vm), beside the Debian kernel of the VM harness:
@@ -56,7 +56,7 @@ if [ "${1:-}" = "--source" ]; then echo "$src"; exit 0; fi
 # ---- the config -----------------------------------------------------------------------------
 obj=$cache/kbuild-scx-$version
 mkdir -p "$obj"
-make -s -C "$src" O="$obj" x86_64_defconfig >/dev/null
+make -s -C "$src" O="$obj" tinyconfig >/dev/null
 "$src/scripts/kconfig/merge_config.sh" -m -O "$obj" "$obj/.config" \
   "$src/kernel/configs/kvm_guest.config" "$fragment" >/dev/null
 make -s -C "$src" O="$obj" olddefconfig >/dev/null
