@@ -49,9 +49,8 @@ struct {
 	__type(value, u64);
 } stats SEC(".maps");
 
-/* Why the scheduler stopped (ops.exit), for the loader's log. */
-char exit_msg[256];
-s32 exit_kind;
+/* Why the scheduler stopped (ops.exit), for the loader's log: the only global in .bss. */
+struct cod_exit_info exit_info;
 
 static void stat_inc(u32 idx)
 {
@@ -239,8 +238,8 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(cod_init)
 
 void BPF_STRUCT_OPS(cod_exit, struct scx_exit_info *ei)
 {
-	exit_kind = ei->kind;
-	bpf_probe_read_kernel_str(exit_msg, sizeof(exit_msg), ei->reason);
+	exit_info.kind = ei->kind;
+	bpf_probe_read_kernel_str(exit_info.reason, sizeof(exit_info.reason), ei->reason);
 }
 
 /* Run by the RM (BPF_PROG_TEST_RUN) after a reallocation: every CPU reschedules now, so a

@@ -102,7 +102,7 @@ static int pin_all(struct bpf_object *obj, const char *pin_dir)
 	return 0;
 }
 
-/* The reason ops.exit recorded (exit_kind, exit_msg in .bss). */
+/* The reason ops.exit recorded (exit_info, the only global in .bss). */
 static void print_exit(struct bpf_object *obj)
 {
 	struct bpf_map *bss = NULL, *map;
@@ -111,12 +111,15 @@ static void print_exit(struct bpf_object *obj)
 			bss = map;
 	}
 	size_t size = bss ? bpf_map__value_size(bss) : 0;
-	char *data = size ? calloc(1, size) : NULL;
+	char *data = size >= sizeof(struct cod_exit_info) ? calloc(1, size) : NULL;
 	__u32 zero = 0;
-	if (data && bpf_map_lookup_elem(bpf_map__fd(bss), &zero, data) == 0)
-		fprintf(stderr, "scx_cod: the kernel ejected the scheduler: %.*s\n", 256, data);
-	else
+	if (data && bpf_map_lookup_elem(bpf_map__fd(bss), &zero, data) == 0) {
+		struct cod_exit_info *info = (struct cod_exit_info *)data;
+		fprintf(stderr, "scx_cod: the kernel ejected the scheduler (exit kind %d): %.*s\n",
+			info->kind, (int)sizeof(info->reason), info->reason);
+	} else {
 		fprintf(stderr, "scx_cod: the kernel ejected the scheduler\n");
+	}
 	free(data);
 }
 

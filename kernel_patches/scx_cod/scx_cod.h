@@ -8,6 +8,12 @@
 #define COD_SCX_MASK_WORDS (COD_SCX_MAX_CPUS / 64)
 #define COD_SCX_MAX_GROUPS 32  /* group 0: everything not registered; 1..: registered tasks */
 
+/* What ops.exit records for the loader (scx_exit_info's kind and reason). */
+struct cod_exit_info {
+	int kind;
+	char reason[128];
+};
+
 /* Per-CPU counters in the "stats" map. */
 enum cod_scx_stat {
 	COD_STAT_DIRECT,     /* woken onto an idle CPU of its group */

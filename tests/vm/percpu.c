@@ -2,9 +2,9 @@
  *
  * Each thread reads CLOCK_MONOTONIC and sched_getcpu() in a loop; the time between two
  * consecutive reads (when under MAX_GAP_NS: a longer gap means the thread was not running)
- * is charged to the CPU of the second read.  Every change of CPU is kept as (ns, cpu).
+ * is charged to the CPU of the second read.  Every change of CPU is kept as (ns, cpu, thread).
  * Output, one JSON object on stdout at the end:
- *   {"ns_per_cpu": {"CPU": ns, ...}, "moves": [[ns, cpu], ...]}   (moves of all threads)
+ *   {"ns_per_cpu": {"CPU": ns, ...}, "moves": [[ns, cpu, thread], ...]}
  * Prints "ready" on stderr once every thread runs. */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -19,7 +19,7 @@
 
 static long long seconds_ns;
 static long long per_cpu[MAX_CPUS];
-static long long moves[MAX_MOVES][2];
+static long long moves[MAX_MOVES][3];
 static int nmoves;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -32,7 +32,7 @@ static long long now(void)
 
 static void *spin(void *arg)
 {
-	(void)arg;
+	long long self = (long long)(long)arg;
 	long long mine[MAX_CPUS] = {0};
 	long long start = now(), last = start, t;
 	int cpu, prev = -1;
@@ -47,6 +47,7 @@ static void *spin(void *arg)
 			if (nmoves < MAX_MOVES) {
 				moves[nmoves][0] = t;
 				moves[nmoves][1] = cpu;
+				moves[nmoves][2] = self;
 				nmoves++;
 			}
 			pthread_mutex_unlock(&lock);
@@ -75,7 +76,7 @@ int main(int argc, char **argv)
 	}
 	pthread_t th[64];
 	for (int i = 0; i < n; i++)
-		pthread_create(&th[i], NULL, spin, NULL);
+		pthread_create(&th[i], NULL, spin, (void *)(long)i);
 	fprintf(stderr, "ready\n");
 	for (int i = 0; i < n; i++)
 		pthread_join(th[i], NULL);
@@ -89,7 +90,7 @@ int main(int argc, char **argv)
 	}
 	printf("}, \"moves\": [");
 	for (int i = 0; i < nmoves; i++)
-		printf("%s[%lld, %lld]", i ? ", " : "", moves[i][0], moves[i][1]);
+		printf("%s[%lld, %lld, %lld]", i ? ", " : "", moves[i][0], moves[i][1], moves[i][2]);
 	printf("]}\n");
 	return 0;
 }
