@@ -77,7 +77,7 @@ static u32 group_of(struct task_struct *p)
 	u32 *g = bpf_map_lookup_elem(&tgid_group, &tgid);
 	if (g)
 		return *g;
-	u64 cgid = BPF_CORE_READ(p, cgroups, dfl_cgrp, kn, id);
+	u64 cgid = p->cgroups->dfl_cgrp->kn->id; /* BTF pointer walk (probe-read by the JIT) */
 	g = bpf_map_lookup_elem(&cgroup_group, &cgid);
 	return g ? *g : 0;
 }
