@@ -7,7 +7,7 @@
  * first wake-up: a newcomer is group 0 before it ever runs, so it never takes a database's
  * CPU.  A reallocation is a write of group_cpus (and a run of cod_kick to act at once); the
  * tick moves a task that finds itself outside its group.  A child process joins its parent's
- * group at fork.  Kernel threads, and tasks whose own affinity has none of their group's
+ * group at fork (ops.enable, before its first wake-up).  Kernel threads, and tasks whose own affinity has none of their group's
  * CPUs, run where the kernel lets them (counted in stats).
  *
  * Each group has a FIFO dispatch queue (DSQ id = group); a CPU takes work from the groups
@@ -189,24 +189,24 @@ void BPF_STRUCT_OPS(cod_tick, struct task_struct *p)
 	}
 }
 
-s32 BPF_STRUCT_OPS(cod_init_task, struct task_struct *p, struct scx_init_task_args *args)
+void BPF_STRUCT_OPS(cod_enable, struct task_struct *p)
 {
-	struct task_struct *parent;
 	u32 tgid, ptgid, *g;
 
-	/* A new process forked by a registered one joins its group (threads share the tgid). */
-	if (!args->fork || p->pid != p->tgid)
-		return 0;
-	parent = bpf_get_current_task_btf();
-	ptgid = parent->tgid;
+	/* A new process forked by a registered one joins its group (threads share the tgid).
+	 * ops.enable runs after fork has set real_parent and before the first wake-up. */
+	if (p->pid != p->tgid)
+		return;
+	ptgid = p->real_parent->tgid; /* BTF pointer walk */
 	g = bpf_map_lookup_elem(&tgid_group, &ptgid);
 	if (g) {
 		u32 group = *g;
 		tgid = p->tgid;
-		bpf_map_update_elem(&tgid_group, &tgid, &group, BPF_ANY);
-		stat_inc(COD_STAT_INHERITED);
+		if (!bpf_map_lookup_elem(&tgid_group, &tgid)) {
+			bpf_map_update_elem(&tgid_group, &tgid, &group, BPF_ANY);
+			stat_inc(COD_STAT_INHERITED);
+		}
 	}
-	return 0;
 }
 
 void BPF_STRUCT_OPS(cod_exit_task, struct task_struct *p, struct scx_exit_task_args *args)
@@ -238,8 +238,10 @@ s32 BPF_STRUCT_OPS_SLEEPABLE(cod_init)
 
 void BPF_STRUCT_OPS(cod_exit, struct scx_exit_info *ei)
 {
+	/* The reason's text is in the kernel log; reading it here would need a helper
+	 * (bpf_probe_read_kernel_str) that the guest's struct_ops programs were refused. */
 	exit_info.kind = ei->kind;
-	bpf_probe_read_kernel_str(exit_info.reason, sizeof(exit_info.reason), ei->reason);
+	exit_info.exit_code = ei->exit_code;
 }
 
 /* Run by the RM (BPF_PROG_TEST_RUN) after a reallocation: every CPU reschedules now, so a
@@ -260,7 +262,7 @@ SCX_OPS_DEFINE(cod_ops,
 	       .enqueue = (void *)cod_enqueue,
 	       .dispatch = (void *)cod_dispatch,
 	       .tick = (void *)cod_tick,
-	       .init_task = (void *)cod_init_task,
+	       .enable = (void *)cod_enable,
 	       .exit_task = (void *)cod_exit_task,
 	       .init = (void *)cod_init,
 	       .exit = (void *)cod_exit,

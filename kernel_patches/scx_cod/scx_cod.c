@@ -115,8 +115,9 @@ static void print_exit(struct bpf_object *obj)
 	__u32 zero = 0;
 	if (data && bpf_map_lookup_elem(bpf_map__fd(bss), &zero, data) == 0) {
 		struct cod_exit_info *info = (struct cod_exit_info *)data;
-		fprintf(stderr, "scx_cod: the kernel ejected the scheduler (exit kind %d): %.*s\n",
-			info->kind, (int)sizeof(info->reason), info->reason);
+		fprintf(stderr, "scx_cod: the kernel ejected the scheduler (exit kind %d%s; the reason "
+			"is in the kernel log)\n", info->kind, info->kind == 67 ? ": SysRq-S" :
+			info->kind == 1026 ? ": a task stalled" : "");
 	} else {
 		fprintf(stderr, "scx_cod: the kernel ejected the scheduler\n");
 	}

@@ -8,10 +8,12 @@
 #define COD_SCX_MASK_WORDS (COD_SCX_MAX_CPUS / 64)
 #define COD_SCX_MAX_GROUPS 32  /* group 0: everything not registered; 1..: registered tasks */
 
-/* What ops.exit records for the loader (scx_exit_info's kind and reason). */
+/* What ops.exit records for the loader (scx_exit_info's kind and exit code; the kernel logs
+ * the reason).  Kinds (enum scx_exit_kind): 64 unregistered by the loader, 65 by BPF,
+ * 66 by the kernel, 67 SysRq-S; 1024 a BPF error, 1025 scx_bpf_error(), 1026 a stall. */
 struct cod_exit_info {
+	long long exit_code;
 	int kind;
-	char reason[128];
 };
 
 /* Per-CPU counters in the "stats" map. */
