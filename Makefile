@@ -16,6 +16,8 @@ APT_PACKAGES += postgresql
 APT_PACKAGES += libjansson-dev pkg-config valgrind clang libclang-rt-dev
 # CSCS (clients/cscs): libnuma for partition placement.
 APT_PACKAGES += libnuma-dev
+# BPF process events (rm/enforce/bpf, issue 27): libbpf for their loader (the BPF side is built with clang).
+APT_PACKAGES += libbpf-dev
 PYTEST_ARGS ?=
 # setuptools says at every editable install that a folder named like a package may shadow it
 # (a BuildBackendWarning of ten lines): true of any editable install, and nothing to act on here.
@@ -25,19 +27,29 @@ EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 # initramfs (busybox) and udev (its script I/O ports), depmod for the guest's modules.
 VM_APT_PACKAGES := qemu-system-x86 busybox-static udev kmod
 VM_TOPOLOGY ?= 2x2
+# debian: Debian's 6.12 kernel image; scx: Debian's linux-source-6.12 built with sched_ext and
+# BTF (kernel_patches/build_kernel.sh; not part of make test: see kernel_patches/README.md).
+VM_KERNEL ?= debian
+# What building that kernel and scx_cod needs (flex/bison/bc/libelf/libssl for the kernel,
+# dwarves' pahole for its BTF, bpftool for vmlinux.h, clang-19 for scx_cod's BPF).
+SCX_APT_PACKAGES := flex bison bc libelf-dev libssl-dev zlib1g-dev dwarves bpftool clang-19
 VM_TOPOLOGIES := 2x2 4x2
 VM_TIMEOUT ?= 1800
 VMRUN := $(PYTHON) tests/vm/vmrun.py
 
 
-.PHONY: setup deps demo test bench clean cclient skb-user nri-test vm-deps vm-test vm-shell vm-suites
+.PHONY: setup bpf deps demo test bench clean cclient skb-user nri-test vm-deps vm-test vm-shell vm-suites
 
 # The SKB engine's seccomp filter against execve (skb/native/cod_noexec.c, preloaded by skb/lockdown.py).
 NOEXEC_SO := skb/native/cod_noexec.so
 # The unprivileged user the SKB engine runs as when the daemon is root (EngineConfig.user, RM skb_user).
 SKB_USER ?= cod-skb
 
-setup: deps $(STAMP) $(NOEXEC_SO) skb-user
+setup: deps $(STAMP) $(NOEXEC_SO) skb-user bpf
+
+# The BPF process events' object and loader (rm/enforce/bpfevents.py; the RM uses the proc connector without them).
+bpf:
+	$(MAKE) -s -C rm/enforce/bpf
 
 $(NOEXEC_SO): skb/native/cod_noexec.c
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $<
@@ -91,13 +103,15 @@ vm-suites: setup vm-deps
 vm-deps:
 	@$(MAKE) -s deps APT_PACKAGES="$(VM_APT_PACKAGES)"
 
-# One guest: make vm-test [VM_TOPOLOGY=2x2|4x2] [PYTEST_ARGS='-x tests/vm/test_topology.py']
+# One guest: make vm-test [VM_TOPOLOGY=2x2|4x2] [VM_KERNEL=debian|scx] [PYTEST_ARGS='-x tests/vm/test_topology.py']
 vm-test: setup vm-deps
-	$(VMRUN) test --topology $(VM_TOPOLOGY) --timeout $(VM_TIMEOUT) -- $(PYTEST_ARGS)
+	@if [ "$(VM_KERNEL)" = scx ]; then $(MAKE) -s deps APT_PACKAGES="$(SCX_APT_PACKAGES)"; fi
+	$(VMRUN) test --topology $(VM_TOPOLOGY) --kernel $(VM_KERNEL) --timeout $(VM_TIMEOUT) -- $(PYTEST_ARGS)
 
 # A root shell in the guest (needs a terminal); exit (or Ctrl-D) powers it off.
 vm-shell: setup vm-deps
-	$(VMRUN) shell --topology $(VM_TOPOLOGY)
+	@if [ "$(VM_KERNEL)" = scx ]; then $(MAKE) -s deps APT_PACKAGES="$(SCX_APT_PACKAGES)"; fi
+	$(VMRUN) shell --topology $(VM_TOPOLOGY) --kernel $(VM_KERNEL)
 
 # The NRI plugin (clients/nri, docs/kubernetes.md): go vet and its tests against a real `cod rm`.
 # Go 1.24+ is needed (containerd/nri); an older Go fetches the right toolchain itself (GOTOOLCHAIN=auto).
@@ -119,3 +133,4 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(NOEXEC_SO)
+	$(MAKE) -s -C rm/enforce/bpf clean

@@ -73,7 +73,7 @@ class RMConfig:
     direct_reserved_privileged_connections: int = 64  # of direct_max_connections
     direct_max_pending: int = 64         # direct connections waiting for hello; a new one closes the oldest
     # ---- enforcement and monitoring (issue #6) ----
-    enforce_mode: str = "auto"           # auto (cpuset as root when mounted, else affinity) | affinity | cpuset | none
+    enforce_mode: str = "auto"           # auto (sched_ext where scx_cod runs, else cpuset as root when mounted, else affinity) | affinity | cpuset | sched_ext | none
     state_dir: str | None = None         # records of what was pinned, for crash cleanup; None: /run/cod as root
     cgroup_parent: str = "cod"           # the cpuset cgroup under which each task gets its own
     resctrl_root: str = "/sys/fs/resctrl"  # cache partitioning (MLS); no resctrl mount there: off (logged)
@@ -107,7 +107,7 @@ class RMConfig:
         return root if self.confine_others is None else self.confine_others
 
 
-ENFORCE_MODES = ("auto", "affinity", "cpuset", "none")
+ENFORCE_MODES = ("auto", "affinity", "cpuset", "sched_ext", "none")
 from .allocator.model import SOLVERS  # noqa: E402  (one list of solvers)
 
 

@@ -53,9 +53,12 @@ def open_enforcer(cfg: RMConfig, root: bool) -> Any:
     crashed previous run left behind (its cgroups, the affinity of processes it pinned)."""
     from .enforce import EnforceError, default_state_dir, detect
     from .enforce.cgroupfs import find_cpuset_mount
+    from .enforce.scxmaps import scheduler_state
 
     mode = cfg.enforce_mode if cfg.enforce else "none"
-    if mode == "auto":
+    if mode == "auto" and root and scheduler_state() is None:
+        mode = "sched_ext"  # scx_cod runs: the scheduler carries out the allocation
+    elif mode == "auto":
         mode = "cpuset" if root and find_cpuset_mount() is not None else "affinity"
     state_dir = cfg.state_dir or default_state_dir()
     try:

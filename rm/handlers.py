@@ -203,7 +203,9 @@ async def list_predicates(rm: ResourceManager, conn: Connection, p: Params) -> A
 
 async def get_topology(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
-    return {"machine": rm.machine.to_dict()}
+    return {"machine": rm.machine.to_dict(),
+            "enforcement": {"mode": rm.enforce_mode,
+                            "in_force": rm.enforcer.describe() if rm.cfg.enforce else "none"}}
 
 
 # ---- tasks ------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ class ResourceManager:
         self.machine = machine
         self.skb = skb  # cod.skb.AsyncSKB
         self.enforce_mode = enforcer.name if cfg.enforce else "none"
+        self.enforcer = enforcer
         self.started = time.time()
         self.n_cpus = len(machine.cpu_ids())
         self.closing = False

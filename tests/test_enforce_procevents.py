@@ -1,4 +1,6 @@
-"""Process events from the real kernel (proc connector) and from the /proc poller."""
+"""Process events from the real kernel (proc connector and BPF ring buffer) and from the /proc poller.
+
+The tests on a kernel source run on both: they report the same events with the same meaning."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import time
 import pytest
 
 from cod.rm.enforce import AffinityEnforcer
+from cod.rm.enforce.bpfevents import BpfSource
 from cod.rm.enforce.errors import EnforceError
 from cod.rm.enforce.procevents import (
     CN_MSG, COMM, EV_HEAD, EXIT, FORK, NLMSGHDR, ConnectorSource, PollingSource, ProcEvent,
@@ -66,11 +69,12 @@ def test_parse_two_messages_in_one_datagram():
     assert [e.pid for e in parse_datagram(a + b)] == [1, 2]
 
 
-@pytest.fixture
-def connector():
+@pytest.fixture(params=["connector", "bpf"])
+def connector(request):
+    """A kernel event source: the proc connector, or the BPF programs (bpfevents)."""
     if os.geteuid() != 0:
-        pytest.skip("the proc connector needs root")
-    src = ConnectorSource()
+        pytest.skip("the proc connector and BPF need root")
+    src = ConnectorSource() if request.param == "connector" else BpfSource()
     yield src
     src.close()
 
@@ -192,8 +196,18 @@ def test_open_source_says_which_it_chose(caplog):
     with caplog.at_level("INFO", logger="cod.rm.enforce"):
         src = open_source(prefer_connector=os.geteuid() == 0, poll_interval=0.5)
     try:
-        expected = "proc connector" if os.geteuid() == 0 else "polling /proc"
-        assert src.kind == ("connector" if os.geteuid() == 0 else "polling")
+        expected = "process events: BPF" if os.geteuid() == 0 else "polling /proc"
+        assert src.kind == ("bpf" if os.geteuid() == 0 else "polling")
         assert expected in caplog.text
+    finally:
+        src.close()
+
+
+@needs_root()
+def test_open_source_without_bpf_takes_the_connector(caplog):
+    with caplog.at_level("INFO", logger="cod.rm.enforce"):
+        src = open_source(prefer_connector=True, prefer_bpf=False)
+    try:
+        assert src.kind == "connector" and "proc connector (netlink)" in caplog.text
     finally:
         src.close()

@@ -453,3 +453,25 @@ def test_a_steady_hog_moves_a_task_at_most_once_in_30_s(tmp_path, spawn):
         assert hog.pid in others_of(c)  # still seen as busy, never "quiet or gone"
     finally:
         d.stop()
+
+
+# ---- sched_ext where it is not running (the scx guest checks it where it runs) -----------------
+@needs_root()
+def test_enforce_sched_ext_without_the_scheduler_enforces_by_cpuset_and_says_so(tmp_path, spawn):
+    from cod.rm.enforce.scxmaps import scheduler_state
+
+    if scheduler_state() is None:
+        pytest.skip("scx_cod runs here: tests/vm/test_scx.py covers it")
+    db = spawn(2, "sleep")
+    d, _ = enforcing_daemon(tmp_path, "sched_ext", "--no-busy-detect")
+    try:
+        c = RawConn(d.path)
+        c.hello("scx")
+        cores = register(c, "db", db.pid, min_cores=1, max_cores=1)["allocation"]["cores"]
+        assert masks(db) == {cpus_text(cores)}
+        enforcement = c.call("get_topology")["result"]["enforcement"]
+        assert enforcement["mode"] == "sched_ext"
+        assert enforcement["in_force"].startswith("sched_ext unavailable (") and "fallback cpuset" in enforcement["in_force"]
+        assert "enforcement: sched_ext unavailable" in d.log_text()
+    finally:
+        d.stop()

@@ -155,8 +155,10 @@ def test_list_predicates_refuses_an_unknown_kind(daemon):
 
 def test_get_topology_is_the_machine_the_daemon_allocates(daemon):
     with Client(str(daemon.path)) as c:
-        m = Machine.from_dict(c.call("get_topology")["machine"])
+        topology = c.call("get_topology")
+        m = Machine.from_dict(topology["machine"])
         assert len(m.cpu_ids()) == 48 and len(m.numa_nodes) == 8
+        assert topology["enforcement"] == {"mode": "none", "in_force": "none"}  # planning for another machine
         assert c.execute_query("get_nr_cores(N)") == [{"N": 48}]
 
 

@@ -25,10 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--hwloc", metavar="FILE",
                      help="plan for the machine of an hwloc XML file (implies --no-enforce)")
     enf = p.add_mutually_exclusive_group()
-    enf.add_argument("--enforce", dest="enforce_mode", choices=["affinity", "cpuset", "none"], default=None,
+    enf.add_argument("--enforce", dest="enforce_mode", choices=["affinity", "cpuset", "sched_ext", "none"], default=None,
                      help="how allocations are applied: cpuset (a cgroup per task, root), affinity "
-                          "(sched_setaffinity on every thread) or none (default: cpuset when root and "
-                          "mounted, else affinity)")
+                          "(sched_setaffinity on every thread), sched_ext (the maps of the BPF scheduler "
+                          "scx_cod; cpuset while it is not running) or none (default: sched_ext where "
+                          "scx_cod runs, else cpuset when root and mounted, else affinity)")
     enf.add_argument("--no-enforce", dest="enforce", action="store_const", const=False, default=None,
                      help="compute and announce allocations but do not pin any process (= --enforce none)")
     p.add_argument("--state-dir", metavar="DIR",

@@ -5,6 +5,8 @@ a task name, its pids and the CPUs/memory nodes it should have.  Backends:
 
 * ``affinity`` -- `AffinityEnforcer`: sched_setaffinity on every thread;
 * ``cpuset``   -- `CpusetV1Enforcer` / `CpusetV2Enforcer`: a cgroup per task;
+* ``sched_ext`` -- `ScxEnforcer`: the maps of the BPF scheduler scx_cod, with cpuset (else
+  affinity) as its fallback whenever the scheduler is not running;
 * ``none``     -- `NullEnforcer`: records nothing, changes nothing.
 
 `detect()` picks one from the ``--enforce`` mode and what this process may do,
@@ -26,7 +28,7 @@ from .recording import check_task_name
 
 log = logging.getLogger("cod.rm.enforce")
 
-MODES = ("affinity", "cpuset", "none")
+MODES = ("affinity", "cpuset", "sched_ext", "none")
 
 
 @runtime_checkable
@@ -116,7 +118,7 @@ def default_state_dir() -> str:
 
 def detect(mode: str, state_dir: str, *, root: bool | None = None, cgroup_parent: str = "cod",
            memory_migrate: bool = False, exclusive: bool = False, mounts: str = MOUNTS) -> Enforcer:
-    """The backend for ``mode`` (affinity|cpuset|none), falling back when not allowed.
+    """The backend for ``mode`` (affinity|cpuset|sched_ext|none), falling back when not allowed.
 
     ``cpuset`` without root or without a cpuset controller falls back to
     ``affinity`` (logged once, with the reason).  The returned enforcer's
@@ -127,6 +129,11 @@ def detect(mode: str, state_dir: str, *, root: bool | None = None, cgroup_parent
     root = is_root() if root is None else root
     if mode == "none":
         enforcer: Enforcer = NullEnforcer()
+    elif mode == "sched_ext":
+        from .scx import ScxEnforcer
+        fallback = detect("cpuset", state_dir, root=root, cgroup_parent=cgroup_parent,
+                          memory_migrate=memory_migrate, exclusive=exclusive, mounts=mounts)
+        enforcer = ScxEnforcer(fallback)
     elif mode == "cpuset":
         mount = find_cpuset_mount(mounts) if root else None
         if not root:

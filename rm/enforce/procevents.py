@@ -1,10 +1,12 @@
 """Process events: fork, exec and exit as they happen.
 
-Two sources with one shape, both fit for ``loop.add_reader(src.fileno(), ...)``
+Three sources with one shape, all fit for ``loop.add_reader(src.fileno(), ...)``
 followed by ``src.read_events()``:
 
 * `ConnectorSource` -- the kernel's proc connector (netlink, CN_IDX_PROC),
   root only.  Events arrive within a millisecond of the fork/exit.
+* `cod.rm.enforce.bpfevents.BpfSource` -- tp_btf programs on the process
+  tracepoints feeding a ring buffer, root only, chosen first where it loads.
 * `PollingSource` -- scans /proc at an interval and reports what appeared and
   vanished (no root needed).  Its fileno() is a timerfd that fires every
   interval, so the RM's loop treats both alike.
@@ -26,6 +28,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from . import procfs
 from .errors import EnforceError
@@ -255,8 +258,22 @@ class PollingSource:
             self._timer = -1
 
 
-def open_source(prefer_connector: bool = True, poll_interval: float = 0.1) -> ConnectorSource | PollingSource:
-    """The proc connector when possible, else the poller; logs which (once)."""
+EventSource = Any  # BpfSource | ConnectorSource | PollingSource: fileno(), read_events(), close(), kind
+
+
+def open_source(prefer_connector: bool = True, poll_interval: float = 0.1, *,
+                prefer_bpf: bool = True) -> EventSource:
+    """The best source that opens, logged (once): BPF programs on the process tracepoints
+    (`cod.rm.enforce.bpfevents`), else the proc connector, else the poller.  Both kernel
+    sources need root: ``prefer_connector`` False (not root) goes straight to polling."""
+    if prefer_connector and prefer_bpf:
+        from .bpfevents import BpfSource  # it imports ProcEvent from here
+        try:
+            bpf = BpfSource()
+            log.info("process events: BPF (tp_btf on sched_process_fork/exec/exit, task_rename; ring buffer)")
+            return bpf
+        except EnforceError as err:
+            log.info("process events: BPF unavailable (%s); trying the proc connector", err)
     if prefer_connector:
         try:
             src: ConnectorSource | PollingSource = ConnectorSource()

@@ -18,6 +18,9 @@ sys.path.insert(0, HERE)
 from topologies import ENV, Topology, topology  # noqa: E402
 
 collect_ignore_glob = [] if os.environ.get(ENV) else ["test_*.py"]
+# The scheduler's tests run on the sched_ext kernel alone (vmrun.py --kernel scx names it).
+if os.environ.get("COD_VM_KERNEL") != "scx":
+    collect_ignore_glob.append("test_scx.py")
 
 
 @pytest.fixture(scope="session")

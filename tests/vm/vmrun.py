@@ -1,6 +1,6 @@
 """Boot a NUMA guest with cgroup v2 under qemu (TCG) and run pytest, or a shell, inside it.
 
-    python3 tests/vm/vmrun.py test  --topology 2x2 [--timeout S] [-- PYTEST ARGS...]
+    python3 tests/vm/vmrun.py test  --topology 2x2 [--kernel debian|scx] [--timeout S] [-- PYTEST ARGS...]
     python3 tests/vm/vmrun.py shell --topology 4x2
     python3 tests/vm/vmrun.py prepare
 
@@ -11,6 +11,10 @@ the project, its .venv, SWI-Prolog and the C builds, and writes nowhere on the h
 come from a cache (``$COD_VM_CACHE``, else ``~/.cache/cod-vm``) keyed by their versions:
 ``vng-VERSION/`` (a venv) and ``kernel-PACKAGEVERSION/``.  Standard library only: it runs
 before and beside the project's own venv.
+
+``--kernel scx`` boots instead the kernel kernel_patches/build_kernel.sh builds from Debian's
+linux-source-6.12 with sched_ext and BTF (cached as ``kernel-scx-VERSION-CONFIGHASH/``, no
+modules), after building the scheduler scx_cod against it (kernel_patches/build_scx_cod.sh).
 
 The test session runs as root inside; its output is pytest's own and its exit code is this
 program's.  On a timeout the guest (the process group this program started) is killed.
@@ -45,6 +49,9 @@ QEMU_CPU = "max,la57=off"
 GUEST_MODULES = ("9p", "9pnet", "9pnet_virtio", "netfs", "overlay")
 # The host's enforcement tests do not depend on the number of nodes: one guest runs them.
 DEFAULT_TESTS = {"2x2": ["tests/vm", "tests/test_enforce_affinity.py"], "4x2": ["tests/vm"]}
+# The sched_ext kernel's guest: the scheduler's own tests and the backend's host tests.
+SCX_TESTS = ["tests/vm/test_scx.py", "tests/test_enforce_scx.py"]
+KERNELS = ("debian", "scx")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -176,6 +183,16 @@ def ensure_kernel() -> tuple[str, str, str]:
     return _kernel_paths(_build_once(os.path.join(cache_dir(), "kernel-" + re.sub(r"[^A-Za-z0-9.-]", "_", version)), build))
 
 
+def ensure_scx_kernel() -> str:
+    """The bzImage of the sched_ext kernel, built (and scx_cod with it) unless cached."""
+    script = os.path.join(ROOT, "kernel_patches", "build_scx_cod.sh")
+    log("the sched_ext kernel and scx_cod (kernel_patches/build_scx_cod.sh; the first build takes long)")
+    res = subprocess.run([script], stdout=subprocess.PIPE, text=True)
+    if res.returncode != 0:
+        raise VmError(f"{script} failed ({res.returncode}); its output is above")
+    return os.path.join(res.stdout.strip().splitlines()[-1], "bzImage")
+
+
 def _kernel_paths(kdir: str) -> tuple[str, str, str]:
     vmlinuz = glob.glob(os.path.join(kdir, "boot", "vmlinuz-*"))[0]
     kver = os.path.basename(vmlinuz)[len("vmlinuz-"):]
@@ -184,14 +201,19 @@ def _kernel_paths(kdir: str) -> tuple[str, str, str]:
 
 # ---- the guest -----------------------------------------------------------------------------
 
-def vng_command(topo_name: str, exec_cmd: str | None, verbose: bool) -> tuple[list[str], dict[str, str]]:
+def vng_command(topo_name: str, exec_cmd: str | None, verbose: bool,
+                kernel: str = "debian") -> tuple[list[str], dict[str, str]]:
     if shutil.which("qemu-system-x86_64") is None or shutil.which("busybox") is None:
         raise VmError("qemu-system-x86_64 and busybox are needed: 'make vm-deps' installs them "
                       "(Debian's qemu-system-x86, busybox-static, udev, kmod)")
-    vmlinuz, modules, kver = ensure_kernel()
+    if kernel == "scx":
+        kernel_args = ["--run", ensure_scx_kernel()]  # everything built in: no modules
+    else:
+        vmlinuz, modules, kver = ensure_kernel()
+        kernel_args = ["--run", vmlinuz, f"--rodir=/lib/modules/{kver}={modules}"]
     bindir = ensure_vng()
-    cmd = [os.path.join(bindir, "vng"), "--run", vmlinuz, "--disable-kvm", "--force-9p",
-           f"--rodir=/lib/modules/{kver}={modules}", "--overlay-rwdir", ROOT, "--user", "root",
+    cmd = [os.path.join(bindir, "vng"), *kernel_args, "--disable-kvm", "--force-9p",
+           "--overlay-rwdir", ROOT, "--user", "root",
            "--cwd", ROOT, f"--qemu-opts=-cpu {QEMU_CPU}", *topology(topo_name).vng_args()]
     if verbose:
         cmd.append("--verbose")
@@ -201,19 +223,19 @@ def vng_command(topo_name: str, exec_cmd: str | None, verbose: bool) -> tuple[li
     return cmd, env
 
 
-def guest_pytest(topo_name: str, pytest_args: list[str]) -> str:
-    """The shell command the guest runs: pytest from the project's venv, the topology named."""
+def guest_pytest(topo_name: str, pytest_args: list[str], kernel: str = "debian") -> str:
+    """The shell command the guest runs: pytest from the project's venv, the topology and kernel named."""
     python = os.path.join(ROOT, ".venv", "bin", "python")
-    return (f"cd {shlex.quote(ROOT)} && export {ENV}={topo_name} PYTHONDONTWRITEBYTECODE=1 && "
+    return (f"cd {shlex.quote(ROOT)} && export {ENV}={topo_name} COD_VM_KERNEL={kernel} PYTHONDONTWRITEBYTECODE=1 && "
             f"exec {shlex.quote(python)} -m pytest -p no:cacheprovider {shlex.join(pytest_args)}")
 
 
-def with_tests(topo_name: str, pytest_args: list[str]) -> list[str]:
+def with_tests(topo_name: str, pytest_args: list[str], kernel: str = "debian") -> list[str]:
     """pytest's arguments, with the guest's default tests unless they name a file or directory
     (so that '-x' or '-k partition' alone still runs the guest suite, not the host's testpaths)."""
     if any(os.path.exists(os.path.join(ROOT, a.split("::")[0])) for a in pytest_args if not a.startswith("-")):
         return pytest_args
-    return [*pytest_args, *DEFAULT_TESTS[topo_name]]
+    return [*pytest_args, *(SCX_TESTS if kernel == "scx" else DEFAULT_TESTS[topo_name])]
 
 
 def _copy_out(pipe) -> None:
@@ -260,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["test", "shell", "prepare"])
     parser.add_argument("--topology", default="2x2", choices=sorted(TOPOLOGIES))
+    parser.add_argument("--kernel", default="debian", choices=KERNELS,
+                        help="debian: Debian's 6.12 image; scx: 6.12 built with sched_ext (kernel_patches/)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the guest is killed")
     parser.add_argument("--verbose", action="store_true", help="show the guest's kernel console")
     parser.epilog = f"After '--': pytest's arguments (default: {DEFAULT_TESTS})."
@@ -269,18 +293,20 @@ def main(argv: list[str] | None = None) -> int:
     args.pytest_args = argv[split + 1:]
     try:
         if args.action == "prepare":
+            if args.kernel == "scx":
+                ensure_scx_kernel()
             ensure_kernel()
             ensure_vng()
             return 0
         if args.action == "shell":
-            cmd, env = vng_command(args.topology, None, args.verbose)
+            cmd, env = vng_command(args.topology, None, args.verbose, args.kernel)
             return run_guest(cmd, env, None, interactive=True)
-        cmd, env = vng_command(args.topology, guest_pytest(args.topology, with_tests(args.topology, args.pytest_args)),
-                               args.verbose)
+        tests = with_tests(args.topology, args.pytest_args, args.kernel)
+        cmd, env = vng_command(args.topology, guest_pytest(args.topology, tests, args.kernel), args.verbose, args.kernel)
     except VmError as err:
         log(str(err))
         return 2
-    log(f"booting the {args.topology} guest (TCG; timeout {args.timeout:.0f} s)")
+    log(f"booting the {args.topology} guest, {args.kernel} kernel (TCG; timeout {args.timeout:.0f} s)")
     start = time.monotonic()
     rc = run_guest(cmd, env, args.timeout, interactive=False)
     log(f"the {args.topology} guest ended with {rc} after {time.monotonic() - start:.0f} s")

@@ -1,0 +1,235 @@
+"""``--enforce sched_ext``: the allocation carried out by the BPF scheduler ``scx_cod``.
+
+`ScxEnforcer` speaks the `Enforcer` protocol.  While scx_cod runs (`scxmaps.scheduler_state`),
+a task is a group in the scheduler's maps: ``apply`` writes the group's CPUs and its
+processes' tgids, and the CPUs nobody reserved as group 0 (every other task), then kicks
+the CPUs; no thread's mask is rewritten, and a newcomer is never scheduled on a reserved CPU.
+A child process joins its parent's group in the scheduler itself, at fork.
+
+Memory nodes are not the scheduler's business: while it runs, ``mems`` are recorded, not
+enforced (cpuset mode binds memory).
+
+When the scheduler is absent at the start, or goes away (its loader killed or stopped, the
+kernel's watchdog or SysRq-S ejecting it), `check()` (the RM calls it every live-state
+period) hands every task to the fallback enforcer (cpuset, else affinity) and logs it; when
+it comes back, the tasks return to it.  `describe()` says which is in force.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+
+from .errors import EnforceError
+from .recording import check_task_name
+from .scxmaps import MAX_GROUPS, PIN_DIR, ScxMaps, scheduler_state
+
+log = logging.getLogger("cod.rm.enforce")
+
+
+class ScxEnforcer:
+    name = "sched_ext"
+
+    def __init__(self, fallback, pin_dir: str = PIN_DIR, sched_ext: str | None = None) -> None:
+        self.fallback = fallback
+        self.pin_dir = pin_dir
+        self._state_args = () if sched_ext is None else (sched_ext,)
+        self.maps: ScxMaps | None = None
+        self.why_not: str | None = "not checked yet"
+        self.tasks: dict[str, tuple[list[int], tuple[int, ...], tuple[int, ...]]] = {}
+        self.groups: dict[str, int] = {}
+        self.all_cpus = sorted(os.sched_getaffinity(0))
+        self.check()
+
+    # ---- which mechanism is in force ----------------------------------------------------
+    @property
+    def active(self) -> bool:
+        return self.maps is not None
+
+    def describe(self) -> str:
+        if self.active:
+            return f"sched_ext (scheduler scx_cod, maps in {self.pin_dir}; memory nodes not bound)"
+        return f"sched_ext unavailable ({self.why_not}): fallback {self.fallback.describe()}"
+
+    def check(self) -> bool:
+        """Follow the scheduler: hand the tasks to the fallback when it went away, take them
+        back when it came.  True when the mechanism in force changed."""
+        why = scheduler_state(*self._state_args)
+        if why is None and not self.active:
+            try:
+                maps = ScxMaps(self.pin_dir)
+            except EnforceError as err:
+                why = str(err)
+            else:
+                self._to_scheduler(maps)
+                return True
+        if why is not None and (self.active or self.why_not != why):
+            was_active = self.active
+            self.why_not = why
+            if was_active:
+                self._to_fallback()
+                return True
+        return False
+
+    def _to_scheduler(self, maps: ScxMaps) -> None:
+        self.maps, self.why_not = maps, None
+        for task in list(self.tasks):
+            self.fallback.release(task)
+        self._clear_maps()
+        for task, (pids, cpus, _mems) in self.tasks.items():
+            self._write(task, pids, cpus)
+        self._write_others()
+        log.warning("enforcement: the sched_ext scheduler scx_cod runs: %d task(s) now enforced by it", len(self.tasks))
+
+    def _to_fallback(self) -> None:
+        if self.maps is not None:
+            self.maps.close()
+        self.maps = None
+        log.warning("enforcement: %s; falling back to %s for %d task(s)", self.why_not,
+                    self.fallback.describe(), len(self.tasks))
+        for task, (pids, cpus, mems) in self.tasks.items():
+            try:
+                self.fallback.apply(task, pids, cpus, mems)
+            except EnforceError as err:
+                log.error("fallback for %s: %s", task, err)
+
+    # ---- the maps -------------------------------------------------------------------------
+    def _clear_maps(self) -> None:
+        assert self.maps is not None
+        for tgid in self.maps.tgids():
+            self.maps.delete_tgid(tgid)
+        for cgid in self.maps.cgroups():
+            self.maps.delete_cgroup(cgid)
+        for g in range(1, MAX_GROUPS):
+            self.maps.set_group_cpus(g, [])
+        self.maps.set_group_cpus(0, self.all_cpus)
+
+    def _group(self, task: str) -> int:
+        if task in self.groups:
+            return self.groups[task]
+        free = sorted(set(range(1, MAX_GROUPS)) - set(self.groups.values()))
+        if not free:
+            raise EnforceError(f"scx_cod has room for {MAX_GROUPS - 1} tasks; {task!r} is one too many")
+        self.groups[task] = free[0]
+        return free[0]
+
+    def _write(self, task: str, pids: Sequence[int], cpus: Sequence[int]) -> None:
+        assert self.maps is not None
+        g = self._group(task)
+        self.maps.set_group_cpus(g, cpus)
+        for pid in pids:
+            self.maps.set_tgid(pid, g)
+
+    def _write_others(self) -> None:
+        """Group 0 (every task nobody registered) gets the CPUs no registered task reserved;
+        all of them when the tasks reserved every CPU (nothing else could run otherwise)."""
+        assert self.maps is not None
+        reserved = {c for _pids, cpus, _mems in self.tasks.values() for c in cpus}
+        others = [c for c in self.all_cpus if c not in reserved] or self.all_cpus
+        self.maps.set_group_cpus(0, others)
+        self.maps.kick()
+
+    def _guard(self, what: str, fn):
+        """Run a map operation; a failure means the scheduler went away: fall back, then False."""
+        try:
+            fn()
+            return True
+        except EnforceError as err:
+            log.warning("sched_ext: %s failed (%s)", what, err)
+            self.check()
+            if self.active:
+                raise
+            return False
+
+    # ---- the Enforcer protocol ------------------------------------------------------------
+    def apply(self, task: str, pids: Sequence[int], cpus: Sequence[int], mems: Sequence[int]) -> list[int]:
+        check_task_name(task)
+        if not cpus:
+            raise EnforceError(f"task {task!r}: no CPUs to run on")
+        live = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        self.tasks[task] = (list(live), tuple(cpus), tuple(mems))
+        if self.active and self._guard(f"applying {task}", lambda: (self._write(task, live, cpus), self._write_others())):
+            return live
+        return self.fallback.apply(task, live, cpus, mems)
+
+    def add_thread(self, task: str, tid: int) -> bool:
+        if task not in self.tasks:
+            return False
+        if not os.path.exists(f"/proc/{tid}"):
+            return False
+        if not self.active:
+            return self.fallback.add_thread(task, tid)
+        # A thread shares its process's tgid; a child process got its parent's group at fork.
+        # Recording it as the task's is what lets a fallback confine it too.
+        pids = self.tasks[task][0]
+        if _is_process(tid) and tid not in pids:
+            pids.append(tid)
+            self._guard(f"adding {tid} to {task}", lambda: self.maps and self.maps.set_tgid(tid, self._group(task)))
+        return True
+
+    def follow_thread(self, task: str, tid: int) -> bool:
+        return self.add_thread(task, tid) if self.active else self.fallback.follow_thread(task, tid)
+
+    def pin_threads(self, task: str, targets: Mapping[int, Sequence[int]]) -> list[int]:
+        if not self.active:
+            return self.fallback.pin_threads(task, targets)
+        pinned = []
+        for tid, cpus in targets.items():  # a thread's own affinity narrows its group's CPUs
+            try:
+                os.sched_setaffinity(tid, cpus)
+                pinned.append(tid)
+            except OSError:
+                pass
+        return pinned
+
+    def forget_pid(self, task: str, pid: int) -> None:
+        entry = self.tasks.get(task)
+        if entry is not None and pid in entry[0]:
+            entry[0].remove(pid)
+        if self.active and self.maps is not None:
+            self.maps.delete_tgid(pid)
+        else:
+            self.fallback.forget_pid(task, pid)
+
+    def release(self, task: str) -> None:
+        entry = self.tasks.pop(task, None)
+        group = self.groups.pop(task, None)
+        if self.active and self.maps is not None and group is not None:
+            def drop() -> None:
+                assert self.maps is not None
+                for tgid, g in self.maps.tgids().items():
+                    if g == group:
+                        self.maps.delete_tgid(tgid)
+                self.maps.set_group_cpus(group, [])
+                self._write_others()
+            self._guard(f"releasing {task}", drop)
+        if entry is not None:
+            self.fallback.release(task)
+
+    def cleanup_stale(self) -> list[str]:
+        done = self.fallback.cleanup_stale()
+        if self.active and self.maps is not None and (self.maps.tgids() or self.maps.cgroups()):
+            self._clear_maps()
+            done.append("sched_ext: cleared the previous run's groups in scx_cod's maps")
+        return done
+
+    def close(self) -> None:
+        for task in list(self.tasks):
+            self.release(task)
+        if self.maps is not None:
+            self.maps.set_group_cpus(0, self.all_cpus)
+            self.maps.close()
+            self.maps = None
+        self.fallback.close()
+
+
+def _is_process(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1]) == pid
+    except OSError:
+        pass
+    return False

@@ -1,0 +1,95 @@
+"""The sched_ext backend (cod.rm.enforce.scx) where no scx_cod runs, and its map formats.
+
+Where the scheduler runs (the scx guest: make vm-test VM_KERNEL=scx) tests/vm/test_scx.py
+checks it against the kernel; here, on a kernel without sched_ext (or without scx_cod
+running), the backend must say so and enforce by its fallback."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+from cod.rm.enforce import AffinityEnforcer, detect
+from cod.rm.enforce.errors import EnforceError
+from cod.rm.enforce.scx import ScxEnforcer
+from cod.rm.enforce.scxmaps import MAX_CPUS, mask_bytes, mask_cpus, scheduler_state
+from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
+
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+@pytest.mark.parametrize("cpus", [[], [0], [1, 2, 3], [63, 64], [0, 127, 128, MAX_CPUS - 1]])
+def test_masks_round_trip(cpus):
+    raw = mask_bytes(cpus)
+    assert len(raw) == MAX_CPUS // 8 and mask_cpus(raw) == cpus
+
+
+def test_a_cpu_beyond_the_mask_is_refused():
+    with pytest.raises(EnforceError, match=f"CPU {MAX_CPUS} is beyond"):
+        mask_bytes([MAX_CPUS])
+
+
+def sysfs(tmp_path, state: str | None, ops: str | None):
+    d = tmp_path / "sched_ext"
+    if state is not None:
+        d.mkdir()
+        (d / "state").write_text(state + "\n")
+        if ops is not None:
+            (d / "root").mkdir()
+            (d / "root" / "ops").write_text(ops + "\n")
+    return str(d)
+
+
+@pytest.mark.parametrize("state,ops,why", [
+    (None, None, "no sched_ext"),
+    ("disabled", None, "no sched_ext scheduler is running (state: disabled)"),
+    ("enabled", "simple", "is 'simple', not 'cod'"),
+    ("enabled", None, "has no name"),
+    ("enabled", "cod", None),
+])
+def test_scheduler_state(tmp_path, state, ops, why):
+    got = scheduler_state(sysfs(tmp_path, state, ops))
+    assert (got is None) if why is None else (why in got)
+
+
+def test_without_the_scheduler_the_fallback_enforces_and_says_so(tmp_path, spawn, caplog):
+    task = spawn(2, "sleep")
+    with caplog.at_level(logging.INFO, logger="cod.rm.enforce"):
+        enf = ScxEnforcer(AffinityEnforcer(str(tmp_path / "state")), pin_dir=str(tmp_path / "pins"),
+                          sched_ext=sysfs(tmp_path, "disabled", None))
+    try:
+        assert not enf.active
+        assert "sched_ext unavailable (no sched_ext scheduler is running" in enf.describe()
+        assert "fallback affinity" in enf.describe()
+        assert enf.apply("db", [task.pid], [CPUS[-1]], [0]) == [task.pid]
+        assert {allowed_list(task.pid, t) for t in task.tids} == {str(CPUS[-1])}
+        enf.release("db")
+        assert {allowed_list(task.pid, t) for t in task.tids} != {str(CPUS[-1])} or len(CPUS) == 1
+    finally:
+        enf.close()
+
+
+def test_a_scheduler_named_cod_without_its_pins_is_not_taken(tmp_path):
+    # The state says cod runs, but the maps are not where they should be: the fallback stays.
+    enf = ScxEnforcer(AffinityEnforcer(str(tmp_path / "state")), pin_dir=str(tmp_path / "nowhere"),
+                      sched_ext=sysfs(tmp_path, "enabled", "cod"))
+    try:
+        assert not enf.active and "cannot open scx_cod's group_cpus" in enf.describe()
+        assert enf.check() is False  # nothing changed
+    finally:
+        enf.close()
+
+
+@needs_root()
+def test_detect_sched_ext_on_a_kernel_without_it_falls_back_to_cpuset(tmp_path, caplog):
+    if scheduler_state() is None:
+        pytest.skip("scx_cod runs here: tests/vm/test_scx.py covers it")
+    with caplog.at_level(logging.INFO, logger="cod.rm.enforce"):
+        enf = detect("sched_ext", str(tmp_path / "state"), root=True, cgroup_parent=f"cod_test_{os.getpid()}")
+    try:
+        assert enf.name == "sched_ext" and not enf.active
+        assert "sched_ext unavailable" in caplog.text and "fallback cpuset" in enf.describe()
+    finally:
+        enf.close()

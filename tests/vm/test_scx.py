@@ -1,0 +1,223 @@
+"""scx_cod against a kernel with sched_ext (make vm-test VM_KERNEL=scx): the allocation carried
+out by the scheduler, through the RM's sched_ext backend (cod.rm.enforce.scx), and its fallback.
+
+* a newcomer (a process nobody registered) never runs on the CPUs reserved for a registered
+  task, from its first wake-up: per-CPU run time measured by the newcomer itself (percpu.c);
+  the same newcomer under cpuset enforcement runs there (the figure for docs/design-enforce.md);
+* a reallocation is a map update: the task's threads leave the CPUs it lost (time printed);
+* killing the loader, and the kernel's ejection (SysRq-S), fall back to cpuset with the task
+  still confined, and a new loader takes the tasks back.
+
+Figures are printed (pytest -s shows them); durations are not asserted (TCG is slow and shared).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from cod.rm.enforce import detect
+from cod.rm.enforce.cgroupfs import find_cpuset_mount
+from cod.rm.enforce.procfs import cpus_allowed, thread_ids
+from cod.rm.enforce.scxmaps import scheduler_state
+from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
+from helpers.waiting import wait_until
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+LOADER = os.path.join(ROOT, "kernel_patches", "scx_cod", "build", "scx_cod")
+PARENT = f"cod-scx-{os.getpid()}"
+RUN_S = 3.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sched_ext_kernel():
+    assert os.path.exists("/sys/kernel/sched_ext/state"), "this guest's kernel has no sched_ext (VM_KERNEL=scx?)"
+    assert os.path.exists(LOADER), f"{LOADER} is not built (kernel_patches/build_scx_cod.sh)"
+
+
+class Loader:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([LOADER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        assert line.startswith("scx_cod: running"), f"scx_cod did not start: {line!r} {self.proc.stderr.read()}"
+        assert scheduler_state() is None
+
+    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        self.proc.wait(60)
+        return self.proc.returncode, self.proc.stderr.read()
+
+
+@pytest.fixture
+def loader():
+    ld = Loader()
+    yield ld
+    ld.stop()
+
+
+@pytest.fixture(scope="module")
+def percpu(tmp_path_factory) -> str:
+    exe = str(tmp_path_factory.mktemp("percpu") / "percpu")
+    subprocess.run(["cc", "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-pthread", "-o", exe,
+                    os.path.join(HERE, "percpu.c")], check=True)
+    return exe
+
+
+def run_percpu(exe: str, threads: int, seconds: float) -> dict:
+    out = subprocess.run([exe, str(threads), str(seconds)], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def ms_on(result: dict, cpus) -> float:
+    return sum(ns for c, ns in result["ns_per_cpu"].items() if int(c) in cpus) / 1e6
+
+
+@pytest.fixture
+def enforcer(tmp_path):
+    enf = detect("sched_ext", str(tmp_path / "state"), root=True, cgroup_parent=PARENT)
+    yield enf
+    enf.close()
+
+
+def reserved_and_free(topo) -> tuple[list[int], list[int]]:
+    """The last node's CPUs for the registered task; the rest for everything else."""
+    node = topo.nodes - 1
+    reserved = list(topo.node_cpus(node))
+    return reserved, [c for c in range(topo.cpus) if c not in reserved]
+
+
+def test_the_scheduler_runs_and_the_backend_takes_it(loader, enforcer):
+    with open("/sys/kernel/sched_ext/root/ops") as f:
+        assert f.read().strip() == "cod"
+    assert enforcer.active and enforcer.describe().startswith("sched_ext (scheduler scx_cod")
+
+
+def test_a_newcomer_gets_no_time_on_reserved_cpus(topo, loader, enforcer, spawn, percpu):
+    reserved, free = reserved_and_free(topo)
+    db = spawn(len(reserved), "spin")
+    enforcer.apply("db", [db.pid], reserved, [topo.nodes - 1])
+    result = run_percpu(percpu, topo.cpus, RUN_S)  # more threads than the free CPUs: it would spill
+    on_reserved = ms_on(result, reserved)
+    print(f"\nscx_cod: newcomer with {topo.cpus} threads for {RUN_S} s: {on_reserved:.3f} ms on reserved "
+          f"CPUs {reserved}, {ms_on(result, free):.0f} ms on {free}")
+    assert on_reserved == 0, result["ns_per_cpu"]
+    assert {cpus_allowed(db.pid, t) for t in thread_ids(db.pid)} == {tuple(range(topo.cpus))}, \
+        "sched_ext rewrites no thread's mask"
+
+
+def test_under_cpuset_the_same_newcomer_runs_on_reserved_cpus(topo, tmp_path, spawn, percpu):
+    # The comparison: cpuset confines the registered task, not the newcomer (the RM's busy
+    # detector confines it later, after its window).
+    assert scheduler_state() is not None, "no scheduler may run for this one"
+    reserved, free = reserved_and_free(topo)
+    enf = detect("cpuset", str(tmp_path / "state"), root=True, cgroup_parent=PARENT)
+    try:
+        db = spawn(len(reserved), "spin")
+        enf.apply("db", [db.pid], reserved, [topo.nodes - 1])
+        result = run_percpu(percpu, topo.cpus, RUN_S)
+        on_reserved = ms_on(result, reserved)
+        print(f"\ncpuset: newcomer with {topo.cpus} threads for {RUN_S} s: {on_reserved:.0f} ms on reserved "
+              f"CPUs {reserved}, {ms_on(result, free):.0f} ms on {free}")
+        assert on_reserved > 0
+    finally:
+        enf.close()
+
+
+def test_a_reallocation_is_a_map_update(topo, loader, enforcer, percpu):
+    first, second = reserved_and_free(topo)
+    proc = subprocess.Popen([percpu, str(len(first)), "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr.readline().strip() == "ready"
+        enforcer.apply("db", [proc.pid], first, [topo.nodes - 1])
+        time.sleep(1.0)
+        t0 = time.monotonic_ns()
+        enforcer.apply("db", [proc.pid], second, [0])
+        t1 = time.monotonic_ns()
+        result = json.loads(proc.communicate(timeout=120)[0])
+    finally:
+        proc.kill()
+        proc.wait()
+    # Per thread: when it first ran on its new CPUs after the update began, and whether it
+    # went back to a CPU the task lost after that.
+    threads = {th for _ns, _cpu, th in result["moves"]}
+    arrived, late = {}, []
+    for ns, cpu, th in sorted(result["moves"]):
+        if ns > t0 and cpu in second and th not in arrived:
+            arrived[th] = ns
+        elif th in arrived and cpu in first:
+            late.append((ns, cpu, th))
+    assert set(arrived) == threads, f"threads {threads - set(arrived)} never ran on their new CPUs"
+    worst_us = (max(arrived.values()) - t1) / 1e3
+    print(f"\nscx_cod: reallocation of {len(threads)} spinning threads: the map update took {(t1 - t0) / 1e3:.0f} us; "
+          f"the last thread ran on its new CPUs {worst_us:.0f} us after it returned (negative: before)")
+    assert not late, f"threads ran on the CPUs they lost after the update: {late[:5]}"
+
+
+def test_killing_the_loader_falls_back_to_cpuset_and_a_new_loader_takes_over(topo, enforcer, spawn, percpu):
+    reserved, free = reserved_and_free(topo)
+    ld = Loader()
+    try:
+        assert enforcer.check() and enforcer.active
+        db = spawn(len(reserved), "spin")
+        enforcer.apply("db", [db.pid], reserved, [topo.nodes - 1])
+        ld.stop(signal.SIGKILL)
+        wait_until(lambda: scheduler_state() is not None, 30, "the kernel unloading scx_cod")
+        assert enforcer.check() and not enforcer.active
+        assert "fallback cpuset" in enforcer.describe()
+        cg = os.path.join(find_cpuset_mount().path, PARENT, "db")
+        assert {cpus_allowed(db.pid, t) for t in thread_ids(db.pid)} == {tuple(reserved)}, cg
+        ld = Loader()
+        assert enforcer.check() and enforcer.active
+        assert not os.path.exists(cg), "the cgroup is released when the scheduler takes the task back"
+        assert ms_on(run_percpu(percpu, topo.cpus, 1.0), reserved) == 0
+    finally:
+        ld.stop()
+
+
+def test_the_kernels_ejection_falls_back_and_the_loader_says_why(topo, enforcer, spawn):
+    reserved, _free = reserved_and_free(topo)
+    ld = Loader()
+    try:
+        assert enforcer.check() and enforcer.active
+        db = spawn(len(reserved), "spin")
+        enforcer.apply("db", [db.pid], reserved, [topo.nodes - 1])
+        with open("/proc/sysrq-trigger", "w") as f:
+            f.write("S")  # SysRq-S: the kernel disables the BPF scheduler
+        rc, err = ld.stop(signal.SIGCONT)  # it exits by itself
+        assert rc == 2 and "ejected" in err, err
+        assert enforcer.check() and not enforcer.active
+        assert {cpus_allowed(db.pid, t) for t in thread_ids(db.pid)} == {tuple(reserved)}
+    finally:
+        ld.stop()
+
+
+def test_context_switch_cost_against_the_fair_scheduler(tmp_path):
+    # The scheduler's overhead where it matters most: two processes passing a byte (two
+    # context switches a round), with the kernel's fair scheduler and with scx_cod, alternated.
+    exe = str(tmp_path / "pingpong")
+    subprocess.run(["cc", "-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-o", exe,
+                    os.path.join(HERE, "pingpong.c")], check=True)
+
+    def per_round() -> float:
+        return float(subprocess.run([exe, "20000"], capture_output=True, text=True, check=True, timeout=300).stdout)
+
+    fair, scx = [], []
+    for _ in range(3):
+        assert scheduler_state() is not None
+        fair.append(per_round())
+        ld = Loader()
+        try:
+            scx.append(per_round())
+        finally:
+            ld.stop()
+    ratio = min(scx) / min(fair)
+    print(f"\npipe ping-pong, ns per round (best of 3): fair {min(fair):.0f}, scx_cod {min(scx):.0f}; "
+          f"ratio {ratio:.2f}")
+    assert min(scx) > 0 and min(fair) > 0
