@@ -41,7 +41,7 @@ import time
 from cod.rm.enforce import AffinityEnforcer
 from cod.rm.enforce.busy import BusyDetector
 from cod.rm.enforce.livestate import LiveStateSampler
-from cod.rm.enforce.procevents import open_source
+from cod.rm.enforce.eventsource import open_source
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from helpers.procs import spinner_command, start_spinner  # noqa: E402

@@ -30,7 +30,8 @@ from .config import RMConfig
 from .enforce import EnforceError, Enforcer
 from .enforce.busy import BusyDetector, BusyProcess, confine
 from .enforce.livestate import LiveStateSampler
-from .enforce.procevents import ProcEvent, open_source
+from .enforce.eventsource import open_source
+from .enforce.procevents import ProcEvent
 from .memory_drift import DriftWatch
 from .registry import Task
 from .scope import ProcessScope

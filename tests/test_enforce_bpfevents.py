@@ -15,7 +15,8 @@ import pytest
 from cod.rm.enforce import bpfevents
 from cod.rm.enforce.bpfevents import EVENT, BpfSource, parse_events
 from cod.rm.enforce.errors import EnforceError
-from cod.rm.enforce.procevents import ConnectorSource, ProcEvent, open_source
+from cod.rm.enforce.eventsource import open_source
+from cod.rm.enforce.procevents import ConnectorSource, ProcEvent
 from helpers.procs import needs_root
 
 

@@ -18,8 +18,9 @@ from cod.rm.enforce.bpfevents import BpfSource
 from cod.rm.enforce.errors import EnforceError
 from cod.rm.enforce.procevents import (
     CN_MSG, COMM, EV_HEAD, EXIT, FORK, NLMSGHDR, ConnectorSource, PollingSource, ProcEvent,
-    open_source, parse_datagram,
+    parse_datagram,
 )
+from cod.rm.enforce.eventsource import open_source
 from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
 
 CPUS = sorted(os.sched_getaffinity(0))

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from cod.facts.model import Machine
 from cod.rm.enforce import EnforceError, Enforcer, procfs
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
-from cod.rm.enforce.procevents import ConnectorSource, PollingSource, open_source
+from cod.rm.enforce.eventsource import open_source
+from cod.rm.enforce.procevents import ConnectorSource, PollingSource
 from cod.rm.enforce.recording import check_task_name
 
 from . import controller
