@@ -11,7 +11,7 @@ import pytest
 from cod.rm.deploy import parse_graph
 from cod.rm.deploy.measure import perf
 from cod.rm.deploy.measure.threads import ProfileError, ThreadSample, detect_source, sample_process, start_time
-from cod.rm.deploy.measure.profile import Window, to_graph
+from cod.rm.deploy.measure.profile import Window, locality_from_counters, to_graph
 
 
 def fake_proc(root: Path, pid: int, threads: dict[int, tuple[str, int, int | None]], born: int = 4242) -> None:
@@ -104,6 +104,36 @@ def test_counters_give_ipc_and_bandwidth_by_eq2():
                counters={5: {"instructions": 3000, "cycles": 2000, "llc_misses": 1_000_000}}, pmu=(True, "ok"))
     [op] = to_graph(w)["operators"]
     assert op["ipc"] == 1.5 and op["mem_bw"] == 1_000_000 * 64 / 2.0
+
+
+@pytest.mark.parametrize("instructions,misses,expected", [
+    (1_000_000, 0, ("strong", 0.0)),
+    (1_000_000, 999, ("strong", 0.999)),
+    (1_000_000, 1_000, ("moderate", 1.0)),    # STRONG_MPKI is the first moderate value
+    (1_000_000, 9_999, ("moderate", 9.999)),
+    (1_000_000, 10_000, ("weak", 10.0)),      # WEAK_MPKI is the first weak value
+    (1_000, 900, ("weak", 900.0)),            # an index join: a miss on nearly every lookup
+    (0, 5, None),                             # no instruction counted: nothing to say
+    (None, 5, None),                          # no counters
+    (1_000, None, None),
+])
+def test_locality_is_estimated_from_llc_misses_per_kilo_instruction(instructions, misses, expected):
+    assert locality_from_counters(instructions, misses) == expected
+
+
+def test_the_profile_gives_each_counted_thread_a_locality_and_says_how():
+    w = window({}, {5: ("probe", 1, 0), 6: ("scan", 1, 0)}, seconds=1.0,
+               counters={5: {"instructions": 4_000_000, "cycles": 2_000_000, "llc_misses": 2_000},
+                         6: {"instructions": 1_000_000, "cycles": 3_000_000, "llc_misses": 40_000}},
+               pmu=(True, "ok"))
+    g = to_graph(w)
+    by_id = {op["id"]: op for op in g["operators"]}
+    assert (by_id["probe"]["locality"], by_id["probe"]["llc_mpki"]) == ("strong", 0.5)
+    assert (by_id["scan"]["locality"], by_id["scan"]["llc_mpki"]) == ("weak", 40.0)
+    assert "LLC misses per 1,000 instructions" in g["profile"]["pmu"]["locality"]
+    # Without counters nothing is guessed.
+    [op] = to_graph(window({}, {5: ("probe", 1, 0)}))["operators"]
+    assert "locality" not in op
 
 
 def test_perf_event_open_plumbing_on_a_software_event():

@@ -25,6 +25,14 @@ from ..plan import comm_key
 from . import perf
 from .threads import ProfileError, ThreadSample, detect_source, sample_process, start_time
 
+# Locality strength (seed 003, MCC-DB) estimated from a thread's LLC misses per 1,000
+# instructions (MPKI): a small hot working set misses rarely, large one-time accesses miss on
+# nearly every new line.  The seed classes plans from their data structures' sizes (done in the
+# SKB: stored_procedures/locality.pl); these bounds are ours, to be tuned on RDT hardware
+# (docs/deploy.md): below STRONG_MPKI strong, below WEAK_MPKI moderate, else weak.
+STRONG_MPKI = 1.0
+WEAK_MPKI = 10.0
+
 # A thread runnable but not running for more than this share of the window was starved.
 # (Threads woken together, as periodic operators are, queue for a few percent of it.)
 CONTENDED_WAIT = 0.25
@@ -133,7 +141,10 @@ def to_graph(w: Window, template: dict[str, Any] | None = None,
             "cpu_time_source": w.source,
             "pmu": {"available": w.pmu[0], "detail": w.pmu[1],
                     "mem_bw": "LLC misses x 64 B / window (Eq. 2)" if w.pmu[0] else
-                    "unknown: no hardware counters" + (" (taken from the template where given)" if template else "")},
+                    "unknown: no hardware counters" + (" (taken from the template where given)" if template else ""),
+                    "locality": f"LLC misses per 1,000 instructions: strong < {STRONG_MPKI:g}, moderate < "
+                                f"{WEAK_MPKI:g}, weak from there (MCC-DB's classes, estimated)" if w.pmu[0] else
+                                "unknown: no hardware counters"},
             "threads": len(operators),
             "exited_during_window": sorted(set(w.before) - set(w.after)),
             "template_operators_not_running": sorted(set(tmpl_ops) - set(from_template)),
@@ -162,7 +173,20 @@ def _measured_operator(w: Window, s: ThreadSample, op_id: str, siblings: str | N
                    "ipc": round(instr / cycles, 4) if instr and cycles else None})
         if misses is not None:
             op["mem_bw"] = round(misses * perf.CACHE_LINE_BYTES / w.seconds, 1)
+        estimate = locality_from_counters(instr, misses)
+        if estimate is not None:
+            op["locality"], op["llc_mpki"] = estimate
     return op
+
+
+def locality_from_counters(instructions: int | None, llc_misses: int | None) -> tuple[str, float] | None:
+    """(locality class, MPKI) of a thread from its counters; None when they say too little
+    (no counters, or no instruction counted)."""
+    if not instructions or llc_misses is None or instructions < 0 or llc_misses < 0:
+        return None
+    mpki = llc_misses * 1000 / instructions
+    cls = "strong" if mpki < STRONG_MPKI else "moderate" if mpki < WEAK_MPKI else "weak"
+    return cls, round(mpki, 3)
 
 
 def _contention_warnings(operators: list[dict[str, Any]]) -> list[str]:
