@@ -13,13 +13,19 @@
 /** <module> Time and inference limits for application code
 
 The time limit is enforced from outside the query: every limited call
-records its deadline (in the recorded database under cod_deadline, which,
-unlike dynamic predicates, is not undone or hidden by the snapshot/1 that
-queries run in), and one watchdog thread looks at
-the table every TICK_S seconds and throws cod_limit(time) in every thread
-whose deadline has passed, again at each tick until the call is over.  So:
+sets its thread's deadline (and its client's tag) in two flags of that
+thread (get_flag/2 and set_flag/2: global, and, unlike dynamic predicates,
+not undone or hidden by the snapshot/1 that queries run in; flag/3 is not
+used: its update, a Prolog predicate under a mutex, made the watchdog die of
+an instantiation error when called inside a snapshot), and one watchdog thread looks at
+the flags every TICK_S seconds and throws cod_limit(time) in every thread
+whose deadline has passed, again at each tick until the call is over.
+(The table was the recorded database: while the watchdog enumerated its key
+every tick, SWI-Prolog 9.0 never reclaimed the erased records, about 80
+bytes per query: 10 MB per 100,000 queries, the engine's memory growing
+without bound under a steady load.)  So:
 
-  - a query costs an assert and an erase, not an alarm: call_with_time_limit/2
+  - a query costs two flag reads and two writes, not an alarm: call_with_time_limit/2
     wakes SWI-Prolog's alarm thread twice per call (measured: alarm/4 and
     remove_alarm/1 were a quarter of a trivial query's time, and each is a
     cross-thread wake-up), and a limit is overshot by at most one tick;
@@ -62,12 +68,22 @@ run_limited(Goal, Seconds, Inferences) :-
     (   watchdog_running
     ->  get_time(Now),
         Deadline is Now + Seconds,
-        thread_self(Me),
+        thread_keys(DeadlineKey, TagKey),
         (   nb_current(cod_tag, Tag) -> true ; Tag = none ),
+        get_flag(DeadlineKey, Outer),
+        get_flag(TagKey, OuterTag),
+        (   Outer > 0 -> Effective is min(Outer, Deadline) ; Effective = Deadline ),
+        %   The tag means something only while a deadline is set: written when it
+        %   changes, given back only to an outer call (each flag write takes a lock).
+        (   OuterTag == Tag
+        ->  SetTag = true, ResetTag = true
+        ;   SetTag = set_flag(TagKey, Tag),
+            ( Outer > 0 -> ResetTag = set_flag(TagKey, OuterTag) ; ResetTag = true )
+        ),
         setup_call_cleanup(
-            recorda(cod_deadline, d(Me, Deadline, Tag), Ref),
+            ( SetTag, set_flag(DeadlineKey, Effective) ),
             call_with_inference_limit(Goal, Inferences, Result),
-            erase(Ref))
+            ( set_flag(DeadlineKey, Outer), ResetTag ))
     ;   setup_call_cleanup(
             alarm(Seconds, cod_limits:expired_alarm, Alarm, [remove(false)]),
             call_with_inference_limit(Goal, Inferences, Result),
@@ -97,17 +113,64 @@ watch :-
     repeat,
         sleep(Tick),
         get_time(Now),
-        forall(( recorded(cod_deadline, d(Thread, Deadline, _)), Deadline =< Now ),
+        forall(( running(Thread, Deadline, _), Deadline =< Now ),
                catch(thread_signal(Thread, cod_limits:expire(Deadline)), _, true)),
         fail.
 
+%   thread_keys(-DeadlineKey, -TagKey): the calling thread's two flags, named by its
+%   thread id.  Ids are small and reused, so there are as many flags as threads were
+%   alive at once; the largest id that ever ran a limited call is kept in a flag too,
+%   and the watchdog reads the flags of ids 1 to it (flags cannot be enumerated).
+%   A deadline of 0 means no limited call runs there.
+thread_keys(DeadlineKey, TagKey) :-
+    (   nb_current(cod_deadline_keys, DeadlineKey-TagKey)   % made once per thread
+    ->  true
+    ;   thread_self(Me),
+        thread_property(Me, id(Id)),
+        id_keys(Id, DeadlineKey, TagKey),
+        set_flag(DeadlineKey, 0),       % a dead thread with this id may have left its deadline
+        with_mutex(cod_limits_ids,
+                   (   get_flag(cod_deadline_max_id, Max),
+                       (   Id > Max -> set_flag(cod_deadline_max_id, Id) ; true )
+                   )),
+        nb_setval(cod_deadline_keys, DeadlineKey-TagKey)
+    ).
+
+id_keys(Id, DeadlineKey, TagKey) :-
+    atom_concat(cod_deadline_, Id, DeadlineKey),
+    atom_concat(cod_deadline_tag_, Id, TagKey).
+
+%   running(-ThreadId, -Deadline, -Tag): a thread running a limited call, its deadline
+%   (the earliest of its nested calls') and its client's tag.
+running(Id, Deadline, Tag) :-
+    id_table(Table),
+    member(k(Id, DeadlineKey, TagKey), Table),
+    get_flag(DeadlineKey, Deadline),
+    Deadline > 0,
+    get_flag(TagKey, Tag).
+
+%   id_table(-Table): k(Id, DeadlineKey, TagKey) for ids 1 to the largest, built again
+%   (in the calling thread's global variable) only when that grows.
+id_table(Table) :-
+    get_flag(cod_deadline_max_id, Max),
+    (   nb_current(cod_deadline_table, Max-Table)
+    ->  true
+    ;   findall(k(Id, D, T), ( between(1, Max, Id), id_keys(Id, D, T) ), Table),
+        nb_setval(cod_deadline_table, Max-Table)
+    ).
+
+%   still_running(+Deadline): the calling thread's limited call that set Deadline has not
+%   returned (the thread may have finished it and begun another since the watchdog looked).
+still_running(Deadline) :-
+    thread_keys(DeadlineKey, _),
+    get_flag(DeadlineKey, Current),
+    Current =:= Deadline.
+
 %   expire(+Deadline): run in a limited thread by the watchdog.  Throw only
-%   if the call that set Deadline is still running (the thread may have
-%   finished it and begun another since the watchdog looked).
+%   if the call that set Deadline is still running.
 :- public expire/1.
 expire(Deadline) :-
-    thread_self(Me),
-    (   recorded(cod_deadline, d(Me, Deadline, _))
+    (   still_running(Deadline)
     ->  throw(cod_limit(time))
     ;   true
     ).
@@ -148,15 +211,14 @@ abandoned(Tag) :-
 %   global variable cod_tag: a client's capability token), as if its time
 %   limit had passed, with cod_limit(cancelled).  Count calls were running.
 cancel_tagged(Tag, Count) :-
-    findall(Thread-Deadline, recorded(cod_deadline, d(Thread, Deadline, Tag)), Running),
+    findall(Thread-Deadline, running(Thread, Deadline, Tag), Running),
     forall(member(Thread-Deadline, Running),
            catch(thread_signal(Thread, cod_limits:cancelled(Deadline)), _, true)),
     length(Running, Count).
 
 :- public cancelled/1.
 cancelled(Deadline) :-
-    thread_self(Me),
-    (   recorded(cod_deadline, d(Me, Deadline, _))
+    (   still_running(Deadline)
     ->  throw(cod_limit(cancelled))
     ;   true
     ).
