@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,11 +52,17 @@ def test_listing1_derives_the_deployment_and_receives_the_upcall(tmp_path, machi
 
 
 def test_listing1_on_this_machine(tmp_path):
+    """The real machine's free memory decides (1.2 GB of data): other work on a shared machine
+    may leave less, and then the example must say so, with figures that bear it out."""
     d = start_daemon(tmp_path, "--no-enforce")
     try:
         rc, out = run_example(d.path, 3000)
     finally:
         d.stop()
+    if rc == 2 and "does not fit in free memory" in out["_stderr"]:
+        data, free = map(int, re.search(r"\((\d+) bytes of data, (\d+) bytes free\)", out["_stderr"]).groups())
+        assert data == 3750000 * 315 and data > free, out["_stderr"]
+        return
     assert rc == 0, out["_stderr"]
     assert len(out["allocation"]["cores"]) == out["deployment derived by the SKB"]["NrCores"]
 

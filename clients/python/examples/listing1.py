@@ -85,7 +85,12 @@ def main(argv: list[str] | None = None) -> int:
             show("deployment derived by the SKB", deployment)
             if deployment["Status"] != 0:
                 why = {1: "not enough free cores", 2: "the dataset does not fit in free memory"}
-                print(f"this machine cannot meet the SLA: {why.get(deployment['Status'])}", file=sys.stderr)
+                detail = ""
+                if deployment["Status"] == 2:  # say by how much: free memory is the machine's, right now
+                    free = client.execute_query("get_free_memory(F)")[0]["F"]
+                    size = client.execute_query("db_ntuple(N), db_tsize(S), B is N * S")[0]["B"]
+                    detail = f" ({size} bytes of data, {free} bytes free)"
+                print(f"this machine cannot meet the SLA: {why.get(deployment['Status'])}{detail}", file=sys.stderr)
                 return 2
             # The procedure's outcome becomes the task's system-level properties; the RM
             # recomputes the global allocation and sends the upcall with the concrete cores.
