@@ -13,13 +13,15 @@ import time
 
 import pytest
 
-from cod.rm.enforce import AffinityEnforcer
+from cod.rm.enforce import AffinityEnforcer, CpusetV1Enforcer, CpusetV2Enforcer
+from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
 from cod.rm.enforce.movequeue import MoveJob
 from cod.rm.enforce.pagemove import PageMover
 from cod.rm.enforce.procfs import numa_ranges
-from helpers.procs import allowed_list, spawn, spinner_cmd  # noqa: F401 (fixtures)
+from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
 
 CPUS = sorted(os.sched_getaffinity(0))
+MOUNT = find_cpuset_mount()
 SLOW = 60.0  # seconds: generous bounds on the host's shared load, never a measured duration
 
 
@@ -139,3 +141,33 @@ def test_a_cancelled_move_stops_before_its_next_call(spawn):
     beyond = max(n for r in numa_ranges(a.pid) for n in r.pages) + 1
     report = PageMover().move(a.pid, [beyond], cancelled=lambda: True)
     assert report.cancelled and report.calls == 0 and report.moved == 0
+
+
+@needs_root()
+@pytest.mark.skipif(MOUNT is None, reason="no cpuset controller mounted")
+def test_cpuset_mode_enforces_the_cpus_at_once_and_a_released_tasks_move_touches_nothing(tmp_path, spawn):
+    """In a cgroup per task: apply() returns with the process in its cgroup on its CPUs while the
+    move is held; released meanwhile, the cgroup is gone and the cancelled move does not write it."""
+    cls = CpusetV1Enforcer if MOUNT.version == 1 else CpusetV2Enforcer
+    parent = f"cod-movebg-{os.getpid()}"
+    enf = cls(MOUNT, str(tmp_path / "state"), parent=parent, memory_migrate=True)
+    gate = Gate()
+    enf.background.before_pid = gate
+    cg = os.path.join(MOUNT.path, parent, "db")
+    a = spawn(1, "sleep")
+    try:
+        enf.apply("db", [a.pid], [CPUS[-1]], [0])
+        assert gate.entered.wait(SLOW) and enf.moving("db")
+        assert process_cgroup(a.pid, MOUNT.version) == f"/{parent}/db"
+        assert open(f"{cg}/cpuset.cpus").read().strip() == str(CPUS[-1])
+        enf.release("db")
+        assert gate.seen[0][0].cancelled and not os.path.exists(cg)
+        gate.opened.set()
+        assert enf.wait_moves(SLOW) and not os.path.exists(cg) and "db" not in enf.moves
+        enf.apply("db", [a.pid], [CPUS[0]], [0])  # again, to its end: the cpuset has the task's node
+        gate.opened.set()
+        assert enf.wait_moves(SLOW) and [r.pid for r in enf.moves["db"]] == [a.pid]
+        assert open(f"{cg}/cpuset.mems").read().strip() == "0"
+    finally:
+        enf.close()
+    assert not os.path.exists(os.path.join(MOUNT.path, parent))
