@@ -135,9 +135,11 @@ class RecordingEnforcer:
         """A move ran to its end (on the mover's thread): record it, and let the backend finish
         (`_memory_moved`) if the task still wants these nodes and no newer move replaced it."""
         with self._lock:
-            if self._inflight.get(job.task) is not job or self.mems.get(job.task) != job.nodes:
-                return
+            if self._inflight.get(job.task) is not job:
+                return  # superseded or released meanwhile
             del self._inflight[job.task]
+            if self.mems.get(job.task) != job.nodes:
+                return  # an apply() that failed half-way changed them: the next one moves again
             nodes, done = self._moved.get(job.task, ((), set()))
             done = set(done) if nodes == job.nodes else set()
             self._moved[job.task] = (job.nodes, done | {r.pid for r in reports})
