@@ -19,7 +19,7 @@ from numa import MemTask, NumaBalancing, node_pages, process_pages, read, share_
 MOUNT = find_cpuset_mount()
 PARENT = f"cod-mem-{os.getpid()}"
 MIB = 16  # per test, split between the threads
-SLOW = 600.0  # seconds a background move may take under TCG: generous, still a failure when it hangs
+SLOW = 240.0  # seconds a background move may take under TCG (the guest's per-test timeout is 300)
 
 
 @pytest.fixture(scope="module", autouse=True)
