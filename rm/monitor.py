@@ -307,8 +307,8 @@ class Monitor:
         self.drift.forget(tasks)
         for name, task_state in tasks.items():
             task = self.rm.find_task(name)
-            if task is None:
-                continue
+            if task is None or self.enforcer.moving(name):
+                continue  # gone, or its pages are on their way (a background move): not drift
             nodes = self.rm.publisher.allocation_of(task)["memory_nodes"]
             change = self.drift.observe(name, task_state.pages, nodes)
             if change is not None:

@@ -15,7 +15,7 @@ from .recording import RecordingEnforcer
 
 class AffinityEnforcer(RecordingEnforcer):
     """Pins threads with sched_setaffinity.  With ``memory_migrate`` the pages a task holds are
-    moved to its nodes (by pid, in bounded batches); where new pages go is the kernel's first
+    moved to its nodes (by pid, in bounded batches, in the background); where new pages go is the kernel's first
     touch on the pinned CPUs, or the policy the process sets (docs/design-enforce.md)."""
 
     name = "affinity"
@@ -27,7 +27,5 @@ class AffinityEnforcer(RecordingEnforcer):
     def _enforce(self, task: str, pids: list[int], cpus: tuple[int, ...], mems: tuple[int, ...],
                  placements: Mapping[int, Mapping[int, tuple[int, ...]]]) -> list[int]:
         pinned = [p for p in pids if pin_process(p, cpus, self.proc, placements.get(p))]
-        moving = self._pids_to_move(task, pinned, mems)
-        if moving:
-            self._move_memory(task, moving, mems)
+        self._move_memory(task, pinned, mems)  # in the background
         return pinned

@@ -58,6 +58,9 @@ class Enforcer(Protocol):
     def release(self, task: str) -> None:
         """Restore original affinity/cgroup of the task's processes; idempotent."""
 
+    def moving(self, task: str) -> bool:
+        """The task's pages are being moved to its nodes (in the background, after apply())."""
+
     def cleanup_stale(self) -> list[str]:
         """Undo what a crashed previous run left behind; one line per action."""
 
@@ -96,6 +99,9 @@ class NullEnforcer:
 
     def release(self, task: str) -> None:
         self._tasks.pop(task, None)
+
+    def moving(self, task: str) -> bool:
+        return False
 
     def cleanup_stale(self) -> list[str]:
         return []

@@ -192,7 +192,8 @@ class CpusetEnforcer(RecordingEnforcer):
                 raise EnforceError(f"cannot create cgroup {path}: {err.strerror}") from err
         # Memory follows in bounded batches (decision 6): the cpuset first allows every node, so
         # neither the attach nor the new CPUs make the kernel move everything in one go; the
-        # PageMover moves the pages; the final cpuset.mems makes the kernel move what is left.
+        # PageMover moves the pages in the background; when it is done, the task's own
+        # cpuset.mems makes the kernel move what is left (`_memory_moved`).
         moving = self._pids_to_move(task, pids, mems)
         wide = tuple(sorted(set(self._parent_mems()) | set(mems))) if moving else mems
         self._configure(path, cpus, wide, fresh)
@@ -203,11 +204,20 @@ class CpusetEnforcer(RecordingEnforcer):
             # A thread's own placement inside the new CPUs is kept (decision 14).
             if self._move_process(path, pid) and pin_process(pid, cpus, self.proc, placements.get(pid)):
                 applied.append(pid)
-        if moving:
-            self._move_memory(task, [p for p in applied if p in set(moving)], mems)
-            if wide != mems:
-                _write(os.path.join(path, "cpuset.mems"), procfs.format_cpu_list(mems))
+        if not self._move_memory(task, applied, mems) and wide != mems:
+            _write(os.path.join(path, "cpuset.mems"), procfs.format_cpu_list(mems))  # nothing left to move
         return applied
+
+    def _memory_moved(self, task: str, mems: tuple[int, ...]) -> None:
+        """The move is done (on the mover's thread, under the lock; the task still has ``mems``):
+        narrow its cpuset to them."""
+        rec = self.state.tasks.get(task)
+        if rec is None or rec.cgroup is None or not os.path.isdir(rec.cgroup):
+            return
+        try:
+            _write(os.path.join(rec.cgroup, "cpuset.mems"), procfs.format_cpu_list(mems))
+        except EnforceError as err:
+            log.warning("task %s: its cpuset stays on every node: %s", task, err)
 
     def _configure(self, path: str, cpus: tuple[int, ...], mems: tuple[int, ...], fresh: bool) -> None:
         raise NotImplementedError

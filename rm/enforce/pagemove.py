@@ -85,11 +85,13 @@ class MoveReport:
     largest_call_s: float = 0.0
     elapsed_s: float = 0.0
     bytes_moved: int = 0
+    cancelled: bool = False  # stopped between two calls (a newer move of the task, or its release)
 
     def describe(self) -> str:
+        stop = ", cancelled" if self.cancelled else ""
         return (f"pid {self.pid}: moved {self.moved} of {self.found} pages ({self.bytes_moved >> 20} MiB, "
                 f"{self.failed} not moved) in {self.elapsed_s:.3f} s, {self.calls} calls, "
-                f"largest call {self.largest_call_s * 1000:.1f} ms")
+                f"largest call {self.largest_call_s * 1000:.1f} ms{stop}")
 
 
 class PageMover:
@@ -106,8 +108,9 @@ class PageMover:
         self.flags = MPOL_MF_MOVE_ALL if os.geteuid() == 0 else MPOL_MF_MOVE
         self.batch = FIRST_BATCH  # base (4 KiB) pages in the next call, from the calls so far
 
-    def move(self, pid: int, nodes: Sequence[int]) -> MoveReport:
-        """Move ``pid``'s resident pages that are off ``nodes`` onto them (spread in turn)."""
+    def move(self, pid: int, nodes: Sequence[int], cancelled: Callable[[], bool] = lambda: False) -> MoveReport:
+        """Move ``pid``'s resident pages that are off ``nodes`` onto them (spread in turn); stops
+        between two calls once ``cancelled()`` is true (what was moved stays moved)."""
         targets = tuple(sorted(set(nodes)))
         if not targets:
             raise EnforceError("moving pages needs at least one target node")
@@ -117,9 +120,9 @@ class PageMover:
         for rng in procfs.numa_ranges(pid, self.proc):
             if not rng.pages_off(targets):
                 continue
-            turn = self._move_range(pid, rng, targets, turn, report)
+            turn = self._move_range(pid, rng, targets, turn, report, cancelled)
             if turn < 0:
-                break  # the process is gone
+                break  # the process is gone, or the move was cancelled
         report.elapsed_s = self.clock() - began
         return report
 
@@ -128,18 +131,24 @@ class PageMover:
         return max(1, self.batch // max(1, page_size // 4096))
 
     def _move_range(self, pid: int, rng: procfs.NumaRange, targets: tuple[int, ...], turn: int,
-                    report: MoveReport) -> int:
+                    report: MoveReport, cancelled: Callable[[], bool]) -> int:
         """Ask where a window of pages is (cheap), move those off the targets in timed calls;
-        the next ``turn`` of the target nodes, or -1 when the process is gone."""
+        the next ``turn`` of the target nodes, or -1 when the process is gone or the move cancelled."""
         weight = max(1, rng.page_size // 4096)
         window = max(1, QUERY_WINDOW // weight)
         for lo in range(rng.start, rng.end, window * rng.page_size):
+            if cancelled():
+                report.cancelled = True
+                return -1
             addrs = list(range(lo, min(rng.end, lo + window * rng.page_size), rng.page_size))
             where = move_pages(pid, addrs, None)
             if where is None:
                 return -1
             off = [a for a, node in zip(addrs, where) if node >= 0 and node not in targets]
             while off:
+                if cancelled():
+                    report.cancelled = True
+                    return -1
                 chunk, off = off[:self._batch(rng.page_size)], off[self._batch(rng.page_size):]
                 dest = [targets[(turn + i) % len(targets)] for i in range(len(chunk))]
                 turn += len(chunk)

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 
 from cod.protocol.names import name_problem
 
 from . import cgroupfs, procfs
 from .errors import EnforceError
+from .movequeue import BackgroundMover, MoveJob
 from .pagemove import MoveReport, PageMover
 from .pinning import set_thread_affinity, thread_placements
 from .state import ProcRecord, StateStore, TaskRecord
@@ -41,8 +43,12 @@ class RecordingEnforcer:
         self.proc = proc
         self.memory_migrate = memory_migrate
         self.mover = PageMover(proc=proc)
-        self.moves: dict[str, list[MoveReport]] = {}  # the last page moves of each task
+        self.background = BackgroundMover(self.mover)  # moves run on its thread, off apply()'s
+        self.moves: dict[str, list[MoveReport]] = {}  # the last finished page moves of each task
         self._moved: dict[str, tuple[tuple[int, ...], set[int]]] = {}  # task -> (nodes, pids moved there)
+        self._inflight: dict[str, MoveJob] = {}  # task -> its move queued or under way
+        # Held by apply()/release() and by a finished move's bookkeeping (on the mover's thread).
+        self._lock = threading.RLock()
         self.state = StateStore(state_dir)
         self.cpus: dict[str, tuple[int, ...]] = {}
         self.mems: dict[str, tuple[int, ...]] = {}
@@ -110,24 +116,50 @@ class RecordingEnforcer:
             done = set()
         return [p for p in pids if p not in done]
 
-    def _move_memory(self, task: str, pids: Sequence[int], mems: tuple[int, ...]) -> None:
-        """Move each pid's resident pages off ``mems`` onto them, in batches of bounded time
-        (`PageMover`); a process that cannot be moved is logged, not fatal (it stays pinned)."""
-        nodes, done = self._moved.get(task, ((), set()))
-        done = set(done) if nodes == mems else set()
-        reports = []
-        for pid in pids:
-            try:
-                report = self.mover.move(pid, mems)
-            except EnforceError as err:
-                log.warning("task %s: pages of pid %d stay where they are: %s", task, pid, err)
-                continue
-            done.add(pid)
-            reports.append(report)
-            if report.found:
-                log.info("task %s: pages to nodes %s: %s", task, procfs.format_cpu_list(mems), report.describe())
-        self._moved[task] = (mems, done)
-        self.moves[task] = reports
+    def _move_memory(self, task: str, pids: Sequence[int], mems: tuple[int, ...]) -> bool:
+        """Have the pages of ``pids`` not moved to ``mems`` yet moved there, in the background
+        (`BackgroundMover`, batches of bounded time); True while a move of the task is queued or
+        under way.  A move already under way for the same nodes and pids goes on; any other is
+        superseded (or cancelled when nothing is left to move)."""
+        want = self._pids_to_move(task, pids, mems)
+        old = self._inflight.get(task)
+        if old is not None and old.nodes == mems and set(want) <= set(old.pids) <= set(pids):
+            return True
+        if not want:
+            self._cancel_move(task)
+            return False
+        self._inflight[task] = self.background.submit(MoveJob(task, tuple(want), mems, self._moves_done))
+        return True
+
+    def _moves_done(self, job: MoveJob, reports: list[MoveReport]) -> None:
+        """A move ran to its end (on the mover's thread): record it, and let the backend finish
+        (`_memory_moved`) if the task still wants these nodes and no newer move replaced it."""
+        with self._lock:
+            if self._inflight.get(job.task) is not job:
+                return  # superseded or released meanwhile
+            del self._inflight[job.task]
+            if self.mems.get(job.task) != job.nodes:
+                return  # an apply() that failed half-way changed them: the next one moves again
+            nodes, done = self._moved.get(job.task, ((), set()))
+            done = set(done) if nodes == job.nodes else set()
+            self._moved[job.task] = (job.nodes, done | {r.pid for r in reports})
+            self.moves[job.task] = reports
+            self._memory_moved(job.task, job.nodes)
+
+    def _memory_moved(self, task: str, mems: tuple[int, ...]) -> None:
+        """The task's pages are on ``mems`` (under the lock, on the mover's thread)."""
+
+    def _cancel_move(self, task: str) -> None:
+        if self._inflight.pop(task, None) is not None:
+            self.background.cancel(task)
+
+    def moving(self, task: str) -> bool:
+        """A move of ``task``'s pages is queued or under way."""
+        return task in self._inflight
+
+    def wait_moves(self, timeout: float | None = None) -> bool:
+        """Wait until no page move is queued or under way (tests, tools); False on timeout."""
+        return self.background.wait(None, timeout)
 
     def _restore_affinity(self, pid: int, rec: ProcRecord) -> bool:
         """Give ``pid``'s threads back their recorded masks; False if it is gone."""
@@ -182,7 +214,12 @@ class RecordingEnforcer:
         """Confine ``task`` (exactly these pids) to ``cpus``/``mems``; returns the live pids.
 
         Pids the task held before but not now get their original affinity back.
-        Pids that exited are skipped (and forgotten)."""
+        Pids that exited are skipped (and forgotten).  Returns once the CPUs are enforced: the
+        pages follow in the background (`moving`, `wait_moves`)."""
+        with self._lock:
+            return self._apply(task, pids, cpus, mems)
+
+    def _apply(self, task: str, pids: Sequence[int], cpus: Sequence[int], mems: Sequence[int]) -> list[int]:
         check_task_name(task)
         try:
             cpus = procfs.check_ids("cpus", cpus)
@@ -292,17 +329,20 @@ class RecordingEnforcer:
             self.state.save()
 
     def release(self, task: str) -> None:
-        """Undo everything done to ``task``; unknown tasks are ignored (idempotent)."""
-        rec = self.state.tasks.pop(task, None)
-        self.cpus.pop(task, None)
-        self.mems.pop(task, None)
-        self._moved.pop(task, None)
-        if rec is None:
-            return
-        for pid, prec in [*rec.procs.items(), *rec.children.items()]:
-            self._restore_proc(pid, prec)
-        self._remove_task_cgroup(task, rec)
-        self.state.save()
+        """Undo everything done to ``task`` (its page move is cancelled); unknown tasks are
+        ignored (idempotent)."""
+        with self._lock:
+            self._cancel_move(task)
+            rec = self.state.tasks.pop(task, None)
+            self.cpus.pop(task, None)
+            self.mems.pop(task, None)
+            self._moved.pop(task, None)
+            if rec is None:
+                return
+            for pid, prec in [*rec.procs.items(), *rec.children.items()]:
+                self._restore_proc(pid, prec)
+            self._remove_task_cgroup(task, rec)
+            self.state.save()
 
     def tasks(self) -> dict[str, list[int]]:
         return {t: sorted(r.procs) for t, r in self.state.tasks.items()}
@@ -326,7 +366,9 @@ class RecordingEnforcer:
         return []
 
     def close(self) -> None:
-        """Clean exit: release every task, then drop the state file and the lock."""
+        """Clean exit: stop the page mover (cancels its moves, waits a bounded time), release
+        every task, then drop the state file and the lock."""
+        self.background.close()
         for task in list(self.state.tasks):
             self.release(task)
         self._close_backend()

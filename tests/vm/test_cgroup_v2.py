@@ -66,6 +66,7 @@ def test_pages_land_on_the_tasks_node_and_earlier_ones_are_migrated(topo, state_
         enf = CpusetV2Enforcer(MOUNT, state_dir, parent=PARENT, memory_migrate=True)
         try:
             enf.apply("db", [t.pid], topo.node_cpus(node), [node])
+            assert enf.wait_moves(240.0), "the background page move did not end"  # apply() does not wait for it
             after = t.touch(32)
             for addr, mib in ((before, 16), (after, 32)):
                 pages = node_pages(t.pid, addr)

@@ -19,6 +19,7 @@ from numa import MemTask, NumaBalancing, node_pages, process_pages, read, share_
 MOUNT = find_cpuset_mount()
 PARENT = f"cod-mem-{os.getpid()}"
 MIB = 16  # per test, split between the threads
+SLOW = 240.0  # seconds a background move may take under TCG (the guest's per-test timeout is 300)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -33,6 +34,11 @@ def enforcer(mode: str, state_dir: str):
     if mode == "cpuset":
         return CpusetV2Enforcer(MOUNT, state_dir, parent=PARENT, memory_migrate=True)
     return AffinityEnforcer(state_dir, memory_migrate=True)
+
+
+def settled(enf) -> None:
+    """apply() returns once the CPUs are enforced; the pages follow on the mover's thread."""
+    assert enf.wait_moves(SLOW), "the background page move did not end"
 
 
 def on_node(pid: int, addrs, node: int, mib: int) -> None:
@@ -57,8 +63,12 @@ def test_pages_follow_a_task_to_another_node(topo, tmp_path, mode, threads, bala
         enf = enforcer(mode, str(tmp_path / "state"))
         try:
             enf.apply("db", [task.pid], topo.node_cpus(old), [old])
+            settled(enf)
             on_node(task.pid, before, old, share)
             enf.apply("db", [task.pid], topo.node_cpus(new), [new])
+            settled(enf)
+            if mode == "cpuset":  # narrowed to the task's node once the move ended
+                assert read(os.path.join(MOUNT.path, PARENT, "db", "cpuset.mems")) == str(new)
             (report,) = enf.moves["db"]
             print(f"{mode} threads={threads} balancing={balancing}: {report.describe()}")
             assert report.moved >= 0.95 * MIB * 256 and report.calls > 1, report
@@ -80,8 +90,10 @@ def test_a_task_on_two_nodes_keeps_pages_that_are_on_either(topo, tmp_path):
         enf = enforcer("cpuset", str(tmp_path / "state"))
         try:
             enf.apply("db", [task.pid], topo.node_cpus(b), [b])
+            settled(enf)
             on_node(task.pid, on_a, b, 8)
             enf.apply("db", [task.pid], topo.node_cpus(b) + topo.node_cpus(c), [b, c])
+            settled(enf)
             on_node(task.pid, on_a, b, 8)
         finally:
             enf.close()
@@ -213,6 +225,7 @@ def test_huge_pages_follow_a_task_too(topo, tmp_path):
             enf = enforcer("affinity", str(tmp_path / "state"))
             try:
                 enf.apply("db", [task.pid], topo.node_cpus(new), [new])
+                settled(enf)
                 assert node_pages(task.pid, addr) == {new: 2}
                 (report,) = enf.moves["db"]
                 assert report.bytes_moved >= 4 << 20, report

@@ -13,7 +13,7 @@ import pytest
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
 from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
 from helpers.waiting import wait_until
-from numa import Toucher, cgroup_confines, node_pages
+from numa import Toucher, cgroup_confines, fmt, node_pages, status_list
 import test_rm_support
 from test_rm_support import Daemon, RawConn
 
@@ -86,6 +86,8 @@ def test_a_numa_sensitive_task_gets_one_nodes_cpus_and_its_pages_are_there(topo,
         assert len(cores) == 2 and len(nodes) == 1, cores
         node = nodes.pop()
         wait_for(rm, lambda: os.sched_getaffinity(t.pid) == set(cores), "db pinned")
+        # its cpuset keeps every node until the daemon's background page move ends
+        wait_for(rm, lambda: status_list(t.pid, "Mems_allowed_list") == fmt((node,)), "db's memory on its node")
         cgroup_confines(t.pid, cores, (node,))
         addr = t.touch(32)
         pages = node_pages(t.pid, addr)
