@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cod.client import Client
+from cod.rm.config import RMConfig
 from test_rm_support import COD, start_daemon
 
 pytestmark = pytest.mark.slow
@@ -37,6 +38,10 @@ def world(tmp_path_factory):
     clients = [Client(str(d.path), app="db"), Client(str(d.path), app="olap")]
     clients[0].register_task("scan", pid=procs[0].pid, min_cores=4, max_cores=8, sensitive=["numa"])
     clients[1].register_task("olap1", pid=procs[1].pid, min_cores=2, working_set_bytes=8 << 30)
+    # olap1's arrival takes CPUs from scan, which acknowledges nothing: they change hands at the
+    # revocation deadline, one more epoch.  Tests compare reads made at different moments, so
+    # they start once the epoch has stood still for longer than that deadline.
+    settled_epoch(clients[1], quiet_s=RMConfig().revoke_deadline_s + 1.0)
     yield d, clients
     for c in clients:
         c.close()
@@ -44,6 +49,19 @@ def world(tmp_path_factory):
         p.kill()
         p.wait()
     d.stop()
+
+
+def settled_epoch(client: Client, quiet_s: float, timeout: float = 60.0) -> int:
+    """The daemon's epoch once it has not changed for ``quiet_s`` seconds."""
+    deadline = time.monotonic() + timeout
+    epoch, since = client.call("list_tasks")["epoch"], time.monotonic()
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, f"the allocation did not settle within {timeout} s"
+        time.sleep(0.1)
+        now = client.call("list_tasks")["epoch"]
+        if now != epoch:
+            epoch, since = now, time.monotonic()
+    return epoch
 
 
 def json_lines(out: str) -> list[dict]:
