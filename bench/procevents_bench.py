@@ -1,6 +1,6 @@
 """Process events: BPF ring buffer vs proc connector, in one run; prints JSON.
 
-    flock /work/wt/bench.lock .venv/bin/python bench/procevents_bench.py [--execs 2000] [--forks 10000]
+    flock /tmp/cod-bench.lock .venv/bin/python bench/procevents_bench.py [--execs 2000] [--forks 10000]
 
 * exec_latency_us: a shell runs ``--execs`` rounds of /bin/true and ``sleep 0.002`` (two
   execs each: n is twice --execs); for each exec event of its children, the time from the kernel's
