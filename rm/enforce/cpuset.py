@@ -16,7 +16,6 @@ import ctypes
 import errno
 import logging
 import os
-import platform
 import re
 from collections.abc import Mapping, Sequence
 
@@ -26,6 +25,7 @@ from .errors import EnforceError
 from .pinning import pin_process
 from .recording import RecordingEnforcer, check_task_name
 from .state import ProcRecord
+from .syscalls import syscall_number
 
 log = logging.getLogger("cod.rm.enforce")
 
@@ -44,21 +44,8 @@ def cgroup_dir_name(task: str) -> str:
     return "~" + base64.b32encode(task.encode("utf-8")).decode("ascii").rstrip("=").lower()
 
 
-# migrate_pages(2) has no glibc wrapper; its number per architecture, from the kernel's syscall
-# tables (arch/*/entry/syscalls/*.tbl, include/uapi/asm-generic/unistd.h for the generic ones).
-SYS_MIGRATE_PAGES = {
-    "x86_64": 256, "i386": 294, "i686": 294, "aarch64": 238, "riscv64": 238, "loongarch64": 238,
-    "ppc64": 258, "ppc64le": 258, "s390x": 287, "mips64": 5246,
-}
-
-
 def migrate_pages_number(machine: str | None = None) -> int:
-    arch = machine or platform.machine()
-    try:
-        return SYS_MIGRATE_PAGES[arch]
-    except KeyError:
-        raise EnforceError(f"memory migration is not supported on {arch}: migrate_pages(2) has no known "
-                           "number there (turn memory_migrate off)") from None
+    return syscall_number("migrate_pages", "memory migration", machine)
 
 
 def _write(path: str, value: str) -> None:

@@ -16,22 +16,16 @@ import ctypes
 import errno
 import logging
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from . import procfs
 from .errors import EnforceError
+from .syscalls import syscall_number
 
 log = logging.getLogger("cod.rm.enforce")
 
-# move_pages(2) has no glibc wrapper (libnuma has one); its number per architecture, from the
-# kernel's syscall tables (arch/*/entry/syscalls/*.tbl, include/uapi/asm-generic/unistd.h).
-SYS_MOVE_PAGES = {
-    "x86_64": 279, "i386": 317, "i686": 317, "aarch64": 239, "riscv64": 239, "loongarch64": 239,
-    "ppc64": 301, "ppc64le": 301, "s390x": 310, "mips64": 5267,
-}
 MPOL_MF_MOVE = 1 << 1      # include/uapi/linux/mempolicy.h: pages mapped by this process only
 MPOL_MF_MOVE_ALL = 1 << 2  # also pages other processes map (a shared buffer pool); CAP_SYS_NICE
 
@@ -43,12 +37,7 @@ QUERY_WINDOW = 1 << 13  # base pages asked about at once (a query moves nothing:
 
 
 def move_pages_number(machine: str | None = None) -> int:
-    arch = machine or platform.machine()
-    try:
-        return SYS_MOVE_PAGES[arch]
-    except KeyError:
-        raise EnforceError(f"moving pages is not supported on {arch}: move_pages(2) has no known number "
-                           "there (turn memory_migrate off)") from None
+    return syscall_number("move_pages", "moving pages", machine)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
