@@ -1,7 +1,7 @@
 """The transaction that admits, updates and removes a task (or an elastic group), and the recomputations.
 
 A call that changes the allocation checks everything first, then plans with
-the change (:mod:`.planner`, not adopted yet), then pins the newcomer, then
+the change (:mod:`.allocator_runner`, not adopted yet), then pins the newcomer, then
 writes the SKB in one transaction, then adopts the plan (:mod:`.publisher`);
 a failure at any step undoes the steps before it, so the daemon's state, the
 SKB and the cgroups never disagree.  A refused call changes nothing.
@@ -30,7 +30,7 @@ from .demands import Demand, Demands
 from .events import Events
 from .knowledge import Knowledge, app_of, skb_call, skb_quietly
 from .pinning import Pinning
-from .planner import Plan, Planner
+from .allocator_runner import Plan, AllocatorRunner
 from .publisher import Publisher
 from .registry import Connection, Registry, Task, Usage
 from .taskprops import Derived, build_spec
@@ -45,10 +45,10 @@ def task_facts(task: Task) -> list[str]:
 
 
 class Admission:
-    def __init__(self, cfg: RMConfig, planner: Planner, skb: Any, registry: Registry, publisher: Publisher,
+    def __init__(self, cfg: RMConfig, allocator_runner: AllocatorRunner, skb: Any, registry: Registry, publisher: Publisher,
                  demands: Demands, pinning: Pinning, knowledge: Knowledge, events: Events, n_cpus: int) -> None:
         self.cfg = cfg
-        self.planner = planner
+        self.allocator_runner = allocator_runner
         self.skb = skb
         self.registry = registry
         self.publisher = publisher
@@ -99,7 +99,7 @@ class Admission:
         specs = [*specs, *self.demands.specs()]
         current.update(self.demands.placements())
         current.update(prefer or {})
-        return await self.planner.run(specs, current, self.demands.other_demands())
+        return await self.allocator_runner.run(specs, current, self.demands.other_demands())
 
     async def _adopt(self, plan: Plan, reason: str, join: str | None = None,
                      already_pinned: dict[str, tuple[int, ...]] | None = None) -> None:

@@ -24,7 +24,7 @@ from .allocator import OtherDemand
 from .allocator.model import TaskSpec
 from .busy import OtherTask, other_pid, other_task_name
 from .epochs import Publication
-from .planner import Plan
+from .allocator_runner import Plan
 from .system_facts import ANY, other_task_fact
 
 log = logging.getLogger("cod.rm")

@@ -35,7 +35,7 @@ from .config import RMConfig
 from .epochs import EpochState, Publication
 from .events import Events
 from .pinning import Pinning
-from .planner import Plan
+from .allocator_runner import Plan
 from .registry import Registry, Task
 
 log = logging.getLogger("cod.rm")

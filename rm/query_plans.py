@@ -1,6 +1,6 @@
 """Query-plan deployment in the daemon (issue 17): a task's operator threads on CPUs of its allocation.
 
-Not the allocation (that is the allocator's plan, :mod:`.planner`): a task
+Not the allocation (that is the allocator's plan, :mod:`.allocator_runner`): a task
 sends the graph of its query plan (``deploy_plan``); :mod:`.deploy` decides
 how many cores it needs and which operator goes where; the task's
 ``min_cores`` becomes that count (an update, :mod:`.admission`), and each

@@ -5,7 +5,7 @@ Which file decides what (docs/design-rm.md, "Structure"):
 * :mod:`.sessions`: connections, ``hello``, what a leaving connection leaves behind;
 * :mod:`.knowledge`: facts, procedures, queries, conditions, derived task properties;
 * :mod:`.admission`: the transaction that admits, updates and removes a task or an
-  elastic group, and the recomputations (the allocator, :mod:`.planner`, is pure);
+  elastic group, and the recomputations (the allocator, :mod:`.allocator_runner`, is pure);
 * :mod:`.publisher`: the epoch state (rules in :mod:`.epochs`), the queue of
   publications carried out in order, the revocation deadlines; every SKB write
   that describes the allocation;
@@ -39,7 +39,7 @@ from .enforce.backend import Enforcer
 from .events import Events, Jobs
 from .knowledge import Knowledge
 from .pinning import Pinning
-from .planner import Planner
+from .allocator_runner import AllocatorRunner
 from .publisher import CLOSE_WAIT_S, Publisher
 from .query_plans import QueryPlans
 from .registry import Registry, Task
@@ -66,8 +66,8 @@ class ResourceManager:
         self.pinning = Pinning(machine, enforcer)
         self.publisher = Publisher(cfg, machine, skb, self.registry, self.pinning, self.events)
         self.knowledge = Knowledge(cfg, skb, self.registry, self.events, self.jobs)
-        self.planner = Planner(machine, cfg.solver, cfg.solver_time_limit_s)
-        self.admission = Admission(cfg, self.planner, skb, self.registry, self.publisher, self.demands,
+        self.allocator_runner = AllocatorRunner(machine, cfg.solver, cfg.solver_time_limit_s)
+        self.admission = Admission(cfg, self.allocator_runner, skb, self.registry, self.publisher, self.demands,
                                    self.pinning, self.knowledge, self.events, self.n_cpus)
         self.sessions = Sessions(cfg, skb, self.registry, self.knowledge, direct_socket)
         self.query_plans = QueryPlans(cfg, machine, self.pinning, self.publisher, self.admission)
@@ -176,4 +176,4 @@ class ResourceManager:
             if locked:
                 self.admission.lock.release()
         await self.publisher.close()
-        self.planner.close()
+        self.allocator_runner.close()

@@ -1,8 +1,8 @@
-"""The daemon's planner uses the incremental allocator (issue #24): for one arrival
+"""The daemon's runner uses the incremental allocator (issue #24): for one arrival
 or one departure it repairs its last answer, and what it returns is the full
 solve's answer, or one with the same objective proven optimal.  Checked on every
 reference machine and hwloc topology of the tests, step by step against the
-stateless full solve; and through :class:`cod.rm.planner.Planner` itself."""
+stateless full solve; and through :class:`cod.rm.allocator_runner.AllocatorRunner` itself."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from cod.facts import machines
 from cod.rm.allocator import Allocator, OtherDemand, TaskSpec, allocate
 from cod.rm.allocator.problem import as_tasks, objective, violations
 from cod.rm.allocator.topology import build_view
-from cod.rm.planner import Planner
+from cod.rm.allocator_runner import AllocatorRunner
 
 from test_alloc_machines import SOURCES, load, mixed_tasks
 from test_alloc_oracle import task_lists
@@ -65,7 +65,7 @@ def test_arrivals_and_departures_equal_the_full_solve(source):
             held = [u for u in held if u.name != t.name]
             continue
         published = {u.name: r.cores_of(u.name) for u in held}
-    # the planner took the repair (proven) at least once on this machine, not only the full solve
+    # the runner took the repair (proven) at least once on this machine, not only the full solve
     assert any(v.startswith("incremental") for v in vias), vias
 
 
@@ -112,47 +112,47 @@ def test_the_planner_repairs_one_arrival_and_one_departure():
     web = TaskSpec("web", min_cores=2, max_cores=6, sensitive=frozenset({"numa"}))
 
     async def scenario():
-        planner = Planner(m, time_limit_s=TIME_LIMIT_S)
+        runner = AllocatorRunner(m, time_limit_s=TIME_LIMIT_S)
         try:
-            empty = await planner.run([], {})
+            empty = await runner.run([], {})
             assert empty.cores == {}
-            first = await planner.run([db], {})
+            first = await runner.run([db], {})
             assert first.status == "optimal" and first.proof.startswith("incremental"), first.proof
-            both = await planner.run([db, web], first.cores)
+            both = await runner.run([db, web], first.cores)
             assert both.status == "optimal" and both.proof == "incremental: newcomer at its best", both.proof
             assert both.cores["db"] == first.cores["db"] and len(both.cores["web"]) == 6
-            alone = await planner.run([db], {"db": both.cores["db"]})
+            alone = await runner.run([db], {"db": both.cores["db"]})
             full = allocate(m, [db], {"db": both.cores["db"]})
             assert alone.proof.startswith("incremental") and alone.status == "optimal", alone.proof
             view = build_view(m)
             assert (objective(view, [db], alone.cores, {"db": both.cores["db"]})
                     == objective(view, [db], full.as_mapping(), {"db": both.cores["db"]}))
         finally:
-            planner.close()
+            runner.close()
 
     asyncio.run(scenario())
 
 
 def test_a_plan_the_service_did_not_adopt_leads_to_a_full_solve():
     """An admission planned and then refused (e.g. the SKB write failed): the next run's
-    ``current`` is not that plan, so the planner solves from scratch, as the full solve."""
+    ``current`` is not that plan, so the runner solves from scratch, as the full solve."""
     m = machines.load("barcelona")
     a = TaskSpec("a", min_cores=2, max_cores=30)
     b = TaskSpec("b", min_cores=4, max_cores=8)
 
     async def scenario():
-        planner = Planner(m, time_limit_s=TIME_LIMIT_S)
+        runner = AllocatorRunner(m, time_limit_s=TIME_LIMIT_S)
         try:
-            first = await planner.run([a], {})  # a new planner: nothing allocated, so one arrival
+            first = await runner.run([a], {})  # a new runner: nothing allocated, so one arrival
             assert first.proof.startswith("incremental"), first.proof
-            trial = await planner.run([a, b], first.cores)  # b takes CPUs of a: not adopted
+            trial = await runner.run([a, b], first.cores)  # b takes CPUs of a: not adopted
             assert set(trial.cores["a"]) < set(first.cores["a"])
             c = TaskSpec("c", min_cores=1, max_cores=2)
-            after = await planner.run([a, c], first.cores)  # two changes from the trial: b gone, c came
+            after = await runner.run([a, c], first.cores)  # two changes from the trial: b gone, c came
             assert not after.proof.startswith("incremental") and after.proof != "unchanged", after.proof
             full = allocate(m, [a, c], first.cores)
             assert after.cores == {t.name: tuple(t.cores) for t in full.tasks}
         finally:
-            planner.close()
+            runner.close()
 
     asyncio.run(scenario())

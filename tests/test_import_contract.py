@@ -88,14 +88,14 @@ def test_forbidden_imports_in_a_copy_of_the_sources_are_caught(tmp_path):
     _append(tmp_path / "rm/quotas.py", "from cod.skb import AsyncSKB")
     _append(tmp_path / "clients/protocol/framing.py", "from cod.rm import service")
     _append(tmp_path / "clients/python/state.py", "from cod.facts import model")
-    _append(tmp_path / "rm/planner.py", "from cod.cli import main")
+    _append(tmp_path / "rm/allocator_runner.py", "from cod.cli import main")
     _append(tmp_path / "rm/conditions.py", "from .reasons import refusal_text")
     _append(tmp_path / "rm/reasons.py", "from . import conditions")
     broken = check(import_graph(module_files(tmp_path)), RULES)
     assert broken == [
         "protocol imports nothing of ours: cod.protocol.framing imports cod.rm.service, outside cod.protocol",
         "the client imports only the protocol: cod.client.state imports cod.facts.model, outside cod.protocol, cod.client",
-        "only the CLI imports the CLI: cod.rm.planner imports cod.cli.main",
+        "only the CLI imports the CLI: cod.rm.allocator_runner imports cod.cli.main",
         "pure policy: no enforcement, no transport, no SKB driver: cod.rm.allocator.greedy imports cod.rm.enforce",
         "pure policy: no enforcement, no transport, no SKB driver: cod.rm.epochs imports asyncio",
         "pure policy: no enforcement, no transport, no SKB driver: cod.rm.quotas imports cod.skb",

@@ -1,10 +1,10 @@
-"""The daemon's side of the global allocator: one run at a time, off the event loop, on a snapshot.
+"""The daemon's side of the global allocator (not query-plan deployment: that is :mod:`.query_plans`): one run at a time, off the event loop, on a snapshot.
 
 Policy lives in cod.rm.allocator; this module only adapts the RM's tasks to it
 and back.  The allocator is pure Python / OR-Tools, so it runs in a worker
 thread (`run_in_executor`) while the loop keeps answering other clients.
 
-The planner keeps one :class:`cod.rm.allocator.Allocator` (memory of its last
+The runner keeps one :class:`cod.rm.allocator.Allocator` (memory of its last
 answer): when the tasks differ from the last run's by one arrival or one
 departure and ``current`` is what that run returned, the allocator repairs
 its last answer and returns it only when it proves the repair optimal, else
@@ -65,7 +65,7 @@ class Plan:
                    result.cache_policy)
 
 
-class Planner:
+class AllocatorRunner:
     def __init__(self, machine: Machine, solver: str = "cpsat", time_limit_s: float = 1.0) -> None:
         self.machine = machine
         self.solver = solver
