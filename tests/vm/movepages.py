@@ -7,12 +7,12 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import re
 from collections import Counter
 from dataclasses import dataclass
 
-SYS_MOVE_PAGES = {"x86_64": 279, "aarch64": 239}
+from cod.rm.enforce.syscalls import syscall_number
+
 PAGE = os.sysconf("SC_PAGE_SIZE")
 BATCH = 16384  # pages per call
 
@@ -22,7 +22,7 @@ _libc = ctypes.CDLL(None, use_errno=True)
 def page_nodes(pid: int, start: int, end: int) -> Counter:
     """Pages of [start, end) of ``pid`` per node; pages that are not present are not counted.
     Raises OSError when the call fails (the process is gone, no permission)."""
-    nr = SYS_MOVE_PAGES[platform.machine()]
+    nr = syscall_number("move_pages", "reading where pages are")
     counts: Counter = Counter()
     for lo in range(start, end, BATCH * PAGE):
         n = min(BATCH, (end - lo) // PAGE)

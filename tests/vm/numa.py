@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
 from cod.rm.enforce.procfs import format_cpu_list
 
@@ -88,6 +90,22 @@ def fmt(ids) -> str:
 def read(path: str) -> str:
     with open(path) as f:
         return f.read().strip()
+
+
+def cgroup_v2_fixture(parent: str):
+    """A module's autouse fixture (``cgroup_v2 = cgroup_v2_fixture(PARENT)``): the guest has the
+    cgroup v2 cpuset controller and the tests run as root; at the end of the module no cgroup
+    ``parent`` (the module's enforcers' parent) is left behind.  Yields the mount."""
+
+    @pytest.fixture(scope="module", autouse=True)
+    def cgroup_v2():
+        mount = find_cpuset_mount()
+        assert mount is not None and mount.version == 2, f"the guest has no cgroup v2 cpuset controller: {mount}"
+        assert os.geteuid() == 0
+        yield mount
+        assert not os.path.exists(os.path.join(mount.path, parent)), "a test left its cgroup parent behind"
+
+    return cgroup_v2
 
 
 def cgroup_confines(pid: int, cpus, mems) -> None:

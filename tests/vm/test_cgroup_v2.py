@@ -17,18 +17,13 @@ from cod.rm.enforce import AffinityEnforcer, CpusetV2Enforcer, EnforceError
 from cod.rm.enforce.cgroupfs import CpusetMount, find_cpuset_mount, process_cgroup
 from cod.rm.enforce.procfs import cpus_allowed, thread_ids
 from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
-from numa import Toucher, cgroup_confines, fmt, node_pages, read, status_list
+from numa import Toucher, cgroup_confines, cgroup_v2_fixture, fmt, node_pages, read, status_list
 
 MOUNT = find_cpuset_mount()
 PARENT = f"cod-vm-{os.getpid()}"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cgroup_v2():
-    assert MOUNT is not None and MOUNT.version == 2, f"the guest has no cgroup v2 cpuset controller: {MOUNT}"
-    assert os.geteuid() == 0
-    yield
-    assert not os.path.exists(os.path.join(MOUNT.path, PARENT)), "a test left its cgroup parent behind"
+cgroup_v2 = cgroup_v2_fixture(PARENT)
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 
 from cod.rm.enforce import AffinityEnforcer, CpusetV2Enforcer
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
-from numa import MemTask, NumaBalancing, node_pages, process_pages, read, share_on
+from numa import MemTask, NumaBalancing, cgroup_v2_fixture, node_pages, process_pages, read, share_on
 
 MOUNT = find_cpuset_mount()
 PARENT = f"cod-mem-{os.getpid()}"
@@ -22,12 +22,7 @@ MIB = 16  # per test, split between the threads
 SLOW = 240.0  # seconds a background move may take under TCG (the guest's per-test timeout is 300)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def cgroup_v2():
-    assert MOUNT is not None and MOUNT.version == 2, f"the guest has no cgroup v2 cpuset controller: {MOUNT}"
-    assert os.geteuid() == 0
-    yield
-    assert not os.path.exists(os.path.join(MOUNT.path, PARENT)), "a test left its cgroup parent behind"
+cgroup_v2 = cgroup_v2_fixture(PARENT)
 
 
 def enforcer(mode: str, state_dir: str):
