@@ -1,7 +1,9 @@
 """Carrying out CPU sets on processes: the one place the service side calls the enforcement backend.
 
 Which CPUs a task gets is decided elsewhere (the allocator, the epochs); this
-module confines its processes there (:class:`cod.rm.enforce.Enforcer`), gives
+module chooses its memory nodes on them (:mod:`.memory_nodes`: the nodes of its CPUs, or more
+when its working set does not fit there, with the reason), confines its processes there
+(:class:`cod.rm.enforce.Enforcer`), gives
 them back their affinity, and turns an enforcement failure into a log line (for
 a task already admitted) or a refusal (for a newcomer, whose registration then
 changes nothing).
@@ -11,13 +13,16 @@ from __future__ import annotations
 
 import errno
 import logging
+from collections.abc import Callable, Mapping
 from typing import Iterable, Protocol
 
 from cod.facts.model import Machine
 from cod.protocol import jsonrpc as rpc
 from cod.protocol.jsonrpc import RpcError
 
+from .enforce import livestate
 from .enforce.backend import Enforcer
+from .memory_nodes import MemoryChoice, choose_memory_nodes
 from .registry import Task
 
 log = logging.getLogger("cod.rm")
@@ -35,14 +40,48 @@ class Pinnable(Protocol):
 
 
 class Pinning:
-    def __init__(self, machine: Machine, enforcer: Enforcer, state_dir: str | None = None) -> None:
+    def __init__(self, machine: Machine, enforcer: Enforcer, state_dir: str | None = None,
+                 free_memory: Callable[[], Mapping[int, int]] = livestate.node_free_bytes) -> None:
         self.enforcer = enforcer
         self.state_dir = state_dir
         self.node_of = {pu.id: pu.numa_node for pu in machine.pus}
+        self.distances = {n.id: dict(n.distances) for n in machine.numa_nodes}
+        self.free_memory = free_memory  # free bytes per node now (the live state's reader)
         self.closed = False  # after close() nothing is pinned any more
+        self._memory: dict[str, tuple[tuple[int, ...], MemoryChoice]] = {}  # task -> (its CPUs, their choice)
 
-    def mems(self, cpus: Iterable[int]) -> tuple[int, ...]:
-        return tuple(sorted({n for c in cpus if (n := self.node_of.get(c)) is not None}))
+    def memory(self, task: Task, cpus: Iterable[int]) -> MemoryChoice:
+        """The task's memory nodes on ``cpus`` (:func:`.memory_nodes.choose_memory_nodes`).  Chosen
+        once per CPU set of the task, so that what is enforced and what the task is told (its
+        allocation's ``memory_nodes``) are the same nodes; a choice that is not its CPUs' nodes is logged."""
+        cpus = tuple(sorted(cpus))
+        known = self._memory.get(task.name)
+        if known is not None and known[0] == cpus:
+            return known[1]
+        choice = self._choose(task, cpus)
+        if choice.reason and (known is None or known[1] != choice):
+            log.info("task %s: memory nodes %s: %s", task.name, ",".join(map(str, choice.nodes)), choice.reason)
+        self._memory[task.name] = (cpus, choice)
+        return choice
+
+    def _choose(self, task: Task, cpus: tuple[int, ...]) -> MemoryChoice:
+        per_node: dict[int, int] = {}
+        for c in cpus:
+            if (n := self.node_of.get(c)) is not None:
+                per_node[n] = per_node.get(n, 0) + 1
+        ws = getattr(task.spec, "working_set_bytes", 0) or 0
+        if not ws or not per_node:
+            return MemoryChoice(tuple(sorted(per_node)))
+        try:
+            free: Mapping[int, int | None] = self.free_memory()
+        except OSError as err:
+            log.debug("free memory per node not readable (%s): task %s's memory nodes are its CPUs'", err, task.name)
+            free = {}
+        own: dict[int, int] = {}
+        for pid in task.pids():
+            for n, b in (livestate.numa_bytes(pid) or {}).items():
+                own[n] = own.get(n, 0) + b
+        return choose_memory_nodes(per_node, ws, free, own, self.distances)
 
     def pin(self, task: Task, cpus: tuple[int, ...]) -> bool:
         """Confine an admitted task to ``cpus`` (a failure is logged); True when it was pinned."""
@@ -52,7 +91,7 @@ class Pinning:
             log.debug("task %s holds no CPU yet; not pinning it", task.name)
             return False
         try:
-            live = self.enforcer.apply(task.name, task.pids(), cpus, self.mems(cpus))
+            live = self.enforcer.apply(task.name, task.pids(), cpus, self.memory(task, cpus).nodes)
             task.children.intersection_update(live)
         except Exception as err:
             log.warning("enforcing the allocation of %s (pid %d) failed: %s", task.name, task.pid, err)
@@ -64,7 +103,7 @@ class Pinning:
         if not cpus or not task.pids():
             return  # its cores are still being given back by others (pinned when it gets them), or a client pins it
         try:
-            self.enforcer.apply(task.name, task.pids(), cpus, self.mems(cpus))
+            self.enforcer.apply(task.name, task.pids(), cpus, self.memory(task, cpus).nodes)
         except Exception as err:
             self.release(task)
             raise self.refusal(task, err) from None
@@ -81,6 +120,7 @@ class Pinning:
                         f"cannot pin task {task.name!r} (pid {task.pid}): {err}")
 
     def release(self, task: Task) -> None:
+        self._memory.pop(task.name, None)
         try:
             self.enforcer.release(task.name)
         except Exception as err:

@@ -239,7 +239,8 @@ class Publisher:
     def allocation_of(self, task: Task) -> dict[str, Any]:
         cores = self.announced(task.name)
         nodes = sorted({n for c in cores if (n := self._node_of.get(c)) is not None})
-        mems = [n for n in nodes if self._allowed_mems is None or n in self._allowed_mems]
+        memory = self.pinning.memory(task, cores)  # its CPUs' nodes, or more when its working set does not fit
+        mems = [n for n in memory.nodes if self._allowed_mems is None or n in self._allowed_mems]
         return {
             "task": task.name,
             "app": task.app,
@@ -247,6 +248,7 @@ class Publisher:
             "cores": list(cores),
             "numa_nodes": nodes,
             "memory_nodes": mems,
+            **({"memory_reason": memory.reason} if memory.reason else {}),
             "releasing": list(self.state.releasing(task.name)),
             "binding": list(self.last_plan.binding.get(task.name, ())) if self.last_plan else [],
         }

@@ -296,6 +296,17 @@ def test_explain_says_where_the_tasks_memory_is(pages, says) -> None:
     assert text[text.index("Where its memory is:") + 1:][:len(says)] == [f"  - {m}" for m in says]
 
 
+def test_explain_says_why_memory_nodes_are_more_than_its_cpus_nodes() -> None:
+    """A working set that did not fit its CPUs' nodes: the allocation's memory nodes and its reason."""
+    why = "its working set, 2 GiB (1 GiB per CPU x 2 CPUs), does not fit ... node 3 (distance 16, 1 GiB free)"
+    listing = {**LISTING, "tasks": [{**t, "cores": [12, 13], "memory_nodes": [2, 3], "memory_reason": why,
+                                     "numa_pages": {"2": 256 * 600, "3": 256 * 400}}
+                                    if t["task"] == "olap1" else t for t in LISTING["tasks"]]}
+    assert explain_task("olap1", listing, MAGNY)["memory"] == [
+        f"Memory nodes 2, 3: {why}.", "1000 MiB resident: node 2 600 MiB (60%), node 3 400 MiB (40%)",
+        "100% on its memory nodes (2, 3)."]
+
+
 def test_explain_unknown_task_names_the_known_ones() -> None:
     with pytest.raises(KeyError, match="registered tasks: olap1, scan"):
         explain_task("nope", LISTING, MAGNY)

@@ -14,7 +14,7 @@ import pytest
 
 from cod.rm.enforce import AffinityEnforcer, CpusetV2Enforcer
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
-from numa import MemTask, NumaBalancing, cgroup_v2_fixture, node_pages, process_pages, read, share_on
+from numa import MemTask, NumaBalancing, cgroup_v2_fixture, fmt, node_pages, process_pages, read, share_on
 
 MOUNT = find_cpuset_mount()
 PARENT = f"cod-mem-{os.getpid()}"
@@ -229,3 +229,48 @@ def test_huge_pages_follow_a_task_too(topo, tmp_path):
         finally:
             task.kill()
             task.wait()
+
+
+TOO_BIG_SPILL_MIB = 64  # what does not fit the task's node: that much more than the node has free
+
+
+def test_a_working_set_larger_than_its_node_gets_the_nearest_node_too(topo, tmp_path):
+    """Huge pages reserved on the last node leave it about 128 MiB free; a task of two threads on
+    its CPUs with a working set 64 MiB larger than that gets that node and the nearest other (by
+    the guest's distances) as memory nodes, with the reason, in its cpuset; what it touches
+    fills its node and the rest lands on the nearest node, none elsewhere."""
+    from cod.facts.sysfs import discover
+    from cod.rm.allocator.model import TaskSpec
+    from cod.rm.enforce.livestate import node_free_bytes
+    from cod.rm.pinning import Pinning
+    from cod.rm.registry import Task
+
+    node = topo.nodes - 1
+    row = topo.distances[node]
+    nearest = min((n for n in range(topo.nodes) if n != node), key=lambda n: (row[n], n))
+    free_now = node_free_bytes()[node]
+    with NumaBalancing(False), HugePages([node], max(0, (free_now >> 20) - 2 * TOO_BIG_SPILL_MIB) // 2):
+        with MemTask(topo.node_cpus(node), threads=2) as task:
+            free = node_free_bytes()[node]  # what the reservation left (it may have got fewer pages)
+            per_cpu_mib = -(-((free >> 20) + TOO_BIG_SPILL_MIB) // 2)
+            spec = TaskSpec("big", min_cores=2, max_cores=2, working_set_bytes=per_cpu_mib << 20)
+            big = Task("big", task.pid, "memtest", 0, 0, spec, {})
+            enf = enforcer("cpuset", str(tmp_path / "state"))
+            pinning = Pinning(discover("/"), enf)
+            try:
+                assert pinning.pin(big, topo.node_cpus(node))
+                choice = pinning.memory(big, topo.node_cpus(node))
+                print(f"node {node} {free >> 20} MiB free, working set 2 x {per_cpu_mib} MiB: {choice}")
+                assert choice.nodes == tuple(sorted((node, nearest))), choice
+                assert "does not fit" in choice.reason and f"node {nearest} (distance {row[nearest]}," in choice.reason
+                settled(enf)
+                assert read(os.path.join(MOUNT.path, PARENT, "big", "cpuset.mems")) == fmt(choice.nodes)
+                per_mapping = [node_pages(task.pid, addr) for addr in task.touch(per_cpu_mib)]
+                print(f"pages per node of the two mappings of {per_cpu_mib} MiB: {per_mapping}")
+                assert all(set(p) <= {node, nearest} for p in per_mapping), per_mapping
+                spilled = 2 * per_cpu_mib * 256 - free // 4096  # at least what did not fit in the node's free memory
+                assert sum(p.get(nearest, 0) for p in per_mapping) >= 0.8 * spilled, (per_mapping, spilled)
+            finally:
+                pinning.release(big)
+                enf.close()
+

@@ -73,6 +73,8 @@ def _listing(shell: "Shell") -> dict[str, Any]:
             t["releasing"] = a.get("releasing", [])
             t["numa_nodes"] = a.get("numa_nodes", [])
             t["memory_nodes"] = a.get("memory_nodes", [])
+            if "memory_reason" in a:
+                t["memory_reason"] = a["memory_reason"]
         # Elastic groups hold CPUs too: shown as rows (without a pid), as the embedded view shows them.
         for g in listing.get("elastic_groups", []):
             listing.setdefault("tasks", []).append({

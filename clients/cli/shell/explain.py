@@ -172,18 +172,22 @@ def _placement(name: str, task: dict[str, Any], tasks: dict[str, dict[str, Any]]
 
 
 def memory_lines(task: dict[str, Any], machine: Machine | None) -> list[str]:
-    """Where the task's resident pages are (``task_numa_pages/3``, as last measured), against the
-    nodes of its CPUs, where they belong."""
+    """Where the task's resident pages are (``task_numa_pages/3``, as last measured), against its
+    memory nodes, where they belong: the nodes of its CPUs, or more (``memory_reason`` says why)."""
+    home = sorted({n for c in task.get("cores") or [] if (n := _node_of(machine, c)) is not None})
+    mems = sorted(task.get("memory_nodes") or home)
+    reason = task.get("memory_reason")
+    chosen = [f"Memory nodes {', '.join(map(str, mems))}: {reason}."] if reason else []
     pages = {int(n): int(p) for n, p in (task.get("numa_pages") or {}).items()}
     total = sum(pages.values())
     if not total:
-        return ["Not measured yet (the daemon reads numa_maps every few refreshes)."]
-    home = sorted({n for c in task.get("cores") or [] if (n := _node_of(machine, c)) is not None})
-    out = [f"{human_bytes(total * 4096)} resident: " + ", ".join(
+        return chosen + ["Not measured yet (the daemon reads numa_maps every few refreshes)."]
+    out = chosen + [f"{human_bytes(total * 4096)} resident: " + ", ".join(
         f"node {n} {human_bytes(p * 4096)} ({p / total:.0%})" for n, p in sorted(pages.items()))]
-    if home:
-        on = sum(p for n, p in pages.items() if n in home)
-        out.append(f"{on / total:.0%} on the nodes of its CPUs ({', '.join(map(str, home))})"
+    if mems:
+        on = sum(p for n, p in pages.items() if n in mems)
+        whose = "its memory nodes" if reason else "the nodes of its CPUs"
+        out.append(f"{on / total:.0%} on {whose} ({', '.join(map(str, mems))})"
                    + ("." if on == total else "; the rest drifted off them or was not moved (the daemon logs it)."))
     return out
 
