@@ -21,7 +21,8 @@ from typing import Any
 from cod.protocol.prolog_text import ANY, Written, compound
 
 __all__ = [
-    "ANY", "allocated_fact", "allocation_epoch_fact", "allocation_facts", "cpu_load_fact", "numa_free_fact", "other_task_fact",
+    "ANY", "allocated_fact", "allocation_epoch_fact", "allocation_facts", "cpu_load_fact", "memory_bandwidth_fact", "numa_bandwidth_fact",
+    "numa_free_fact", "other_task_fact",
     "task_cpu_use_fact", "task_fact", "task_facts", "task_numa_pages_fact", "task_property_fact",
     "cache_partition_fact", "cache_group_task_fact", "cache_occupancy_fact", "cache_mbm_total_fact",
     "cache_policy_fact",
@@ -75,6 +76,17 @@ def cpu_load_fact(cpu: Int, percent: Int) -> Written:
 def numa_free_fact(node: Int, free_bytes: Int) -> Written:
     """``numa_free(Node, Bytes)``: free memory on a NUMA node (the daemon rounds it to the MiB)."""
     return compound("numa_free", node, free_bytes)
+
+
+def numa_bandwidth_fact(node: Int, bytes_per_s: Int) -> Written:
+    """``numa_bandwidth(Node, BytesPerS)``: a node's attainable local bandwidth (`cod bandwidth`'s triad)."""
+    return compound("numa_bandwidth", node, bytes_per_s)
+
+
+def memory_bandwidth_fact(cpu_node: Int, memory_node: Int, bytes_per_s: Int) -> Written:
+    """``memory_bandwidth(CpuNode, MemoryNode, BytesPerS)``: the triad's bandwidth with its threads on
+    ``CpuNode``'s CPUs and its arrays on ``MemoryNode``'s memory (`cod bandwidth`'s node x node matrix)."""
+    return compound("memory_bandwidth", cpu_node, memory_node, bytes_per_s)
 
 
 def task_cpu_use_fact(name: str, percent: Int) -> Written:

@@ -62,3 +62,30 @@ def test_the_command_says_what_it_uses_and_refuses_what_does_not_fit(tmp_path):
     [line] = refused.stderr.strip().splitlines()
     assert f"--size-mib {too_much}: 3 arrays of {too_much} MiB need more than half of the" in line
     assert "GB/s" not in refused.stdout  # nothing measured, nothing allocated
+
+
+def test_the_matrix_pairs_each_cpu_node_with_every_node_or_itself():
+    from cod.cli.bandwidth_cmd import pairs
+    from cod.facts import machines
+
+    m = machines.load("magnycours")
+    assert pairs(m, [0, 5], local=False) == [(c, n) for c in (0, 5) for n in range(8)]
+    assert pairs(m, [0, 5], local=True) == [(0, 0), (5, 5)]
+
+
+def test_the_matrix_table_has_a_row_per_cpu_node_and_a_column_per_memory_node():
+    from cod.cli.bandwidth_cmd import matrix_lines
+
+    cells = [{"node": c, "memory_node": n, "bandwidth_bytes_per_s": (10 if c == n else 5) * 1e9 + c}
+             for c in (0, 1) for n in (0, 1, 2) if (c, n) != (1, 2)]
+    assert matrix_lines(cells) == ["GB/s triad, threads on the row's CPUs, memory on the column's node:",
+                                   "cpu\\mem        0       1       2",
+                                   "       0    10.00    5.00    5.00",
+                                   "       1     5.00   10.00       -"]
+
+
+def test_the_facts_of_a_run_are_written_by_the_one_writer():
+    from cod.rm.deploy.measure.bandwidth import fact, matrix_fact
+
+    assert fact(2, 7.9e9) == "numa_bandwidth(2, 7900000000)"
+    assert matrix_fact({"node": 0, "memory_node": 3, "bandwidth_bytes_per_s": 4.5e9}) == "memory_bandwidth(0, 3, 4500000000)"

@@ -162,12 +162,20 @@ def test_bandwidth_is_stored_in_a_running_rm_and_read_by_deploy_plan(tmp_path):
         with Client(str(daemon.path), reconnect=False) as c:
             got = {r["N"]: r["B"] for r in c.execute_query("numa_bandwidth(N, B)")}
         assert got == {n["node"]: int(n["bandwidth_bytes_per_s"]) for n in out["nodes"]}
+        # The node x node matrix: on this one-node host 1 x 1, its one cell the local figure.
+        nodes = [n["node"] for n in out["nodes"]]
+        assert sorted((m["node"], m["memory_node"]) for m in out["matrix"]) == [(a, b) for a in nodes for b in nodes]
+        with Client(str(daemon.path), reconnect=False) as c:
+            cells = {(r["C"], r["M"]): r["B"] for r in c.execute_query("memory_bandwidth(C, M, B)")}
+        assert cells == {(m["node"], m["memory_node"]): int(m["bandwidth_bytes_per_s"]) for m in out["matrix"]}
+        assert all(b > 0 for b in cells.values())
         # Measuring again replaces the fact rather than adding a second one.
         again = subprocess.run([*COD, "bandwidth", "--socket", str(daemon.path), "--size-mib", "4",
                                 "--iterations", "2"], capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stderr
         with Client(str(daemon.path), reconnect=False) as c:
             assert len(c.execute_query("numa_bandwidth(N, B)")) == len(out["nodes"])
+            assert len(c.execute_query("memory_bandwidth(C, M, B)")) == len(out["matrix"])
             got = {r["N"]: r["B"] for r in c.execute_query("numa_bandwidth(N, B)")}
         usage = deploy_plan_usage(daemon.path)
         assert usage["bandwidth_source"] == "rm" and usage["bandwidth"] == got[usage["node"]]

@@ -17,6 +17,7 @@
             numa_node/3,           % ?Node, ?MemBytes, ?Cpus
             numa_free/2,           % ?Node, ?FreeBytes
             numa_bandwidth/2,      % ?Node, ?BytesPerS
+            memory_bandwidth/3,    % ?CpuNode, ?MemoryNode, ?BytesPerS
             node_distance/3,       % ?From, ?To, ?Distance
             core/4,                % ?CoreId, ?Package, ?Node, ?Pus
             pu/4,                  % ?Cpu, ?CoreId, ?Package, ?Node
@@ -87,6 +88,7 @@ cod_sys_hardware_predicate(package, 2).
 cod_sys_hardware_predicate(numa_node, 3).
 cod_sys_hardware_predicate(numa_free, 2).
 cod_sys_hardware_predicate(numa_bandwidth, 2).
+cod_sys_hardware_predicate(memory_bandwidth, 3).
 cod_sys_hardware_predicate(node_distance, 3).
 cod_sys_hardware_predicate(core, 4).
 cod_sys_hardware_predicate(pu, 4).
@@ -123,7 +125,7 @@ cod_sys_predicate(elastic_state, 2).
 cod_sys_predicate(elastic_transition, 3).
 
 :- dynamic
-    machine_name/1, package/2, numa_node/3, numa_free/2, numa_bandwidth/2, node_distance/3,
+    machine_name/1, package/2, numa_node/3, numa_free/2, numa_bandwidth/2, memory_bandwidth/3, node_distance/3,
     core/4, pu/4, pu_offline/1, cache/4, allowed_cpus/1, allowed_mems/1,
     total_memory/1,
     task/3, task_property/3, allocated/2, allocation_epoch/1, other_task/3,

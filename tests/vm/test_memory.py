@@ -130,6 +130,21 @@ def test_the_memory_distance_experiment_places_each_table_where_it_says(topo):
     assert all(share >= 0.95 for share in r["pages_on_placement_node"].values()), r["pages_on_placement_node"]
 
 
+def test_cod_bandwidth_measures_every_pair_of_nodes(topo):
+    """`cod bandwidth`, small: a node x node matrix, every (CPU node, memory node) pair once, each
+    with the arrays bound to its memory node, the diagonal as each node's local figure and the
+    memory_bandwidth/3 facts of every cell (TCG's figures mean nothing: their shape and sign only)."""
+    r = run_json("-m", "cod.cli.main", "bandwidth", "--size-mib", "8", "--iterations", "2", "--no-store",
+                 "--format", "json")
+    nodes = list(range(topo.nodes))
+    cells = {(m["node"], m["memory_node"]): m for m in r["matrix"]}
+    assert sorted(cells) == [(a, b) for a in nodes for b in nodes] and len(r["matrix"]) == topo.nodes ** 2
+    assert all(m["checked"] and m["memory_bound_to_node"] and m["bandwidth_bytes_per_s"] > 0 for m in r["matrix"])
+    assert [n["node"] for n in r["nodes"]] == nodes and all(n["memory_node"] == n["node"] for n in r["nodes"])
+    assert sum(f.startswith("memory_bandwidth(") for f in r["facts"]) == topo.nodes ** 2
+    assert sum(f.startswith("numa_bandwidth(") for f in r["facts"]) == topo.nodes
+
+
 CLIENT_CALLS = r"""
 import ctypes, json, mmap, os, sys
 from cod.client.memory import MemoryRanges, bind_thread, unbind_thread

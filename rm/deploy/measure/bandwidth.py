@@ -1,8 +1,10 @@
 """`cod bandwidth`: a NUMA node's attainable memory bandwidth, measured with triad.c.
 
-One node at a time: the triad's threads are pinned to the node's usable CPUs
-(one per core by default) and its arrays bound to the node's memory, so the
-figure is the node's *local* bandwidth, the capacity phase 3 packs against.
+One run at a time: the triad's threads are pinned to one node's usable CPUs
+(one per core by default) and its arrays bound to one node's memory.  With both
+the same node the figure is the node's *local* bandwidth, the capacity phase 3
+packs against; with every pair it is the node x node matrix (threads on node i
+reading and writing node j's memory).
 Array size follows STREAM's rule: each array at least four times the last-level
 caches it could hit, and no smaller than 64 MiB; the three arrays take at most
 half of the memory the kernel says is available (MemAvailable), so a machine
@@ -20,6 +22,7 @@ from typing import Any
 from cod.facts.cpulist import format_cpulist
 from cod.facts.model import Machine
 from cod.rm.enforce import procfs
+from cod.rm.system_facts import memory_bandwidth_fact, numa_bandwidth_fact
 
 from ..errors import DeployError
 from .cbuild import build
@@ -82,15 +85,22 @@ class NodeRun:
     threads: int
     elements: int
     bind_memory: bool
+    memory_node: int | None = None  # the node the arrays are bound to; None: ``node`` itself
+
+    @property
+    def mem_node(self) -> int:
+        return self.node if self.memory_node is None else self.memory_node
 
 
-def plan_run(machine: Machine, node: int, *, threads: int | None = None,
-             array_bytes: int | None = None, usable: set[int] | None = None) -> NodeRun:
+def plan_run(machine: Machine, node: int, *, threads: int | None = None, array_bytes: int | None = None,
+             usable: set[int] | None = None, memory_node: int | None = None) -> NodeRun:
     """What to run for ``node``: its usable CPUs (first thread of each core), array size
-    (``array_bytes``, else :func:`default_array_bytes`)."""
+    (``array_bytes``, else :func:`default_array_bytes`), the arrays on ``memory_node``'s memory
+    (default: ``node``'s)."""
     nodes = {n.id: n for n in machine.numa_nodes}
-    if nodes and node not in nodes:
-        raise DeployError(f"{machine.name} has no NUMA node {node} (nodes: {sorted(nodes)})")
+    for which in (node, memory_node):
+        if nodes and which is not None and which not in nodes:
+            raise DeployError(f"{machine.name} has no NUMA node {which} (nodes: {sorted(nodes)})")
     usable = set(machine.cpu_ids()) if usable is None else usable
     in_node = set(nodes[node].cpus) if nodes else set(machine.cpu_ids())
     cpus = sorted({min(p for p in c.pus if p in usable & in_node)
@@ -103,7 +113,7 @@ def plan_run(machine: Machine, node: int, *, threads: int | None = None,
     if array_bytes is None:
         array_bytes = default_array_bytes(machine, node)
     elements = max(n_threads, array_bytes // 8)
-    return NodeRun(node, tuple(cpus), n_threads, elements, bind_memory=len(nodes) > 1)
+    return NodeRun(node, tuple(cpus), n_threads, elements, bind_memory=len(nodes) > 1, memory_node=memory_node)
 
 
 def default_array_bytes(machine: Machine, node: int) -> int:
@@ -118,18 +128,26 @@ def default_array_bytes(machine: Machine, node: int) -> int:
 def measure_node(run: NodeRun, iterations: int = 10) -> dict[str, Any]:
     """Run the triad for one node; its JSON result."""
     exe = build("triad.c")
-    argv = [str(exe), format_cpulist(run.cpus), str(run.node if run.bind_memory else -1),
+    argv = [str(exe), format_cpulist(run.cpus), str(run.mem_node if run.bind_memory else -1),
             str(run.threads), str(run.elements), str(iterations)]
+    where = f"node {run.node}" if run.mem_node == run.node else f"node {run.node}'s CPUs, node {run.mem_node}'s memory"
     proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise DeployError(f"triad on node {run.node} failed: {proc.stderr.strip() or proc.returncode}")
+        raise DeployError(f"triad on {where} failed: {proc.stderr.strip() or proc.returncode}")
     result = json.loads(proc.stdout)
     if not result.get("checked"):
-        raise DeployError(f"triad on node {run.node}: the result did not check")
+        raise DeployError(f"triad on {where}: the result did not check")
     result["node"] = run.node
+    result["memory_node"] = run.mem_node
     result["memory_bound_to_node"] = run.bind_memory
     return result
 
 
 def fact(node: int, bytes_per_s: float) -> str:
-    return f"numa_bandwidth({node}, {int(bytes_per_s)})"
+    """The ``numa_bandwidth/2`` fact of a node's local figure."""
+    return str(numa_bandwidth_fact(node, int(bytes_per_s)))
+
+
+def matrix_fact(result: dict[str, Any]) -> str:
+    """The ``memory_bandwidth/3`` fact of one run (:func:`measure_node`'s result)."""
+    return str(memory_bandwidth_fact(result["node"], result["memory_node"], int(result["bandwidth_bytes_per_s"])))
