@@ -290,3 +290,76 @@ def test_a_working_set_larger_than_its_node_gets_the_nearest_node_too(topo, tmp_
                 pinning.release(big)
                 enf.close()
 
+
+UNMODIFIED = r"""
+import ctypes, mmap, os, sys
+keep = []
+for line in sys.stdin:  # "CPU MIB": run on CPU (the program places itself, as engines do) and touch MIB
+    cpu, mib = (int(x) for x in line.split())
+    os.sched_setaffinity(0, [cpu])
+    keep.append(mmap.mmap(-1, 4096, prot=mmap.PROT_READ))  # a neighbour the next one cannot merge with
+    m = mmap.mmap(-1, mib << 20)
+    for off in range(0, mib << 20, 4096):
+        m[off] = 1
+    keep.append(m)
+    print(ctypes.addressof(ctypes.c_char.from_buffer(m)), sorted(os.sched_getaffinity(0))[0], flush=True)
+"""
+
+
+def start_unmodified(env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", UNMODIFIED], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=os.environ | env)
+
+
+def touch_on(proc: subprocess.Popen, cpu: int, mib: int) -> tuple[dict[int, int], int]:
+    """Where the pages the program touched on ``cpu`` are, and the CPU it ran on."""
+    proc.stdin.write(f"{cpu} {mib}\n")
+    proc.stdin.flush()
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read()
+    addr, ran_on = (int(x) for x in line.split())
+    return node_pages(proc.pid, addr), ran_on
+
+
+@pytest.mark.timeout(900)  # the daemon starts in tens of seconds to minutes under TCG
+def test_an_unmodified_process_under_the_preload_puts_new_pages_on_its_memory_nodes(topo, tmp_path):
+    """Affinity mode, a program that does not speak COD started with libcod_preload.so and
+    COD_TASK: registered by the library, its pages touched from a CPU of a node it was not given
+    (it placed itself there) land on its memory nodes; without the library the same program's
+    pages land on that CPU's node (what the kernel does by itself)."""
+    import time
+
+    from rmguest import guest_daemon
+    from test_cclient import BUILD, make
+    from test_rm_support import RawConn
+
+    make("all")
+    with NumaBalancing(False), guest_daemon(tmp_path, "--enforce", "affinity") as d:
+        proc = start_unmodified({"LD_PRELOAD": str(BUILD / "libcod_preload.so"), "COD_SOCKET": str(d.path),
+                                 "COD_TASK": "db", "COD_TASK_MIN_CORES": str(topo.cpus_per_node),
+                                 "COD_TASK_MAX_CORES": str(topo.cpus_per_node)})
+        conn = RawConn(d.path)
+        try:
+            conn.sock.settimeout(SLOW)
+            conn.hello("observer")
+            deadline = time.monotonic() + SLOW
+            while not (db := [a for a in conn.call("get_allocation", {})["result"]["tasks"] if a["task"] == "db"]):
+                assert time.monotonic() < deadline and proc.poll() is None, "the library did not register the task"
+                time.sleep(0.5)
+            mems = set(db[0]["memory_nodes"])
+            elsewhere = next(n for n in range(topo.nodes) if n not in mems)
+            cpu = topo.node_cpus(elsewhere)[0]
+            pages, ran_on = touch_on(proc, cpu, 16)
+            print(f"db on nodes {sorted(mems)}, touched on CPU {ran_on} (node {elsewhere}): {pages}")
+            assert ran_on == cpu and set(pages) <= mems and sum(pages.values()) >= 16 * 256, (pages, ran_on)
+        finally:
+            conn.close()
+            proc.kill()
+            proc.wait()
+    plain = start_unmodified({})
+    try:
+        pages, ran_on = touch_on(plain, cpu, 16)
+    finally:
+        plain.kill()
+        plain.wait()
+    assert ran_on == cpu and set(pages) == {elsewhere}, pages
