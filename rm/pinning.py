@@ -28,6 +28,7 @@ from .registry import Task
 log = logging.getLogger("cod.rm")
 
 FULL = (errno.ENOSPC, errno.EDQUOT)
+MEMORY_CHOICES_KEPT = 4  # memory-node choices kept per task (one per CPU set)
 
 
 class Pinnable(Protocol):
@@ -48,20 +49,24 @@ class Pinning:
         self.distances = {n.id: dict(n.distances) for n in machine.numa_nodes}
         self.free_memory = free_memory  # free bytes per node now (the live state's reader)
         self.closed = False  # after close() nothing is pinned any more
-        self._memory: dict[str, tuple[tuple[int, ...], MemoryChoice]] = {}  # task -> (its CPUs, their choice)
+        # task -> {its CPUs: their choice}: the CPUs pinned and those announced may differ for a
+        # while (CPUs being given back), so the last few sets are kept, not only one.
+        self._memory: dict[str, dict[tuple[int, ...], MemoryChoice]] = {}
 
     def memory(self, task: Task, cpus: Iterable[int]) -> MemoryChoice:
         """The task's memory nodes on ``cpus`` (:func:`.memory_nodes.choose_memory_nodes`).  Chosen
         once per CPU set of the task, so that what is enforced and what the task is told (its
         allocation's ``memory_nodes``) are the same nodes; a choice that is not its CPUs' nodes is logged."""
         cpus = tuple(sorted(cpus))
-        known = self._memory.get(task.name)
-        if known is not None and known[0] == cpus:
-            return known[1]
+        known = self._memory.setdefault(task.name, {})
+        if cpus in known:
+            return known[cpus]
         choice = self._choose(task, cpus)
-        if choice.reason and (known is None or known[1] != choice):
+        if choice.reason:
             log.info("task %s: memory nodes %s: %s", task.name, ",".join(map(str, choice.nodes)), choice.reason)
-        self._memory[task.name] = (cpus, choice)
+        if len(known) >= MEMORY_CHOICES_KEPT:
+            known.pop(next(iter(known)))  # the oldest
+        known[cpus] = choice
         return choice
 
     def _choose(self, task: Task, cpus: tuple[int, ...]) -> MemoryChoice:
