@@ -136,12 +136,13 @@ unprivileged_ceiling(Max) :-
     pool_option(reserved_privileged_threads, R),
     Max is max(1, T - min(R, T // 2)).
 
+%   A count never goes below 0 (as the asserted counters did before).
 give_back(App, Client) :-
     slot_key(app, App, AppKey),
-    get_flag(AppKey, N0), N1 is N0 - 1, set_flag(AppKey, N1),
+    get_flag(AppKey, N0), N1 is max(0, N0 - 1), set_flag(AppKey, N1),
     (   Client = client(Uid, false)
     ->  slot_key(uid, Uid, UidKey),
-        get_flag(UidKey, U0), U1 is U0 - 1, set_flag(UidKey, U1),
+        get_flag(UidKey, U0), U1 is max(0, U0 - 1), set_flag(UidKey, U1),
         get_flag(cod_unprivileged, A0), A1 is A0 - 1, set_flag(cod_unprivileged, A1)
     ;   true
     ).
