@@ -10,7 +10,8 @@ one step at a time with the others left out.  Prints one JSON object:
 CPU microseconds of this thread per call (so that other processes on a
 shared machine do not count), the least of 7 rounds of N calls.
 Steps marked _before are the implementations replaced by issue 31, kept
-here to compare in one run.
+here to compare in one run; query_goal_not_cached is a query whose parse
+the thread has not kept (its first run, or another text).
 */
 
 :- use_module('../skb/prolog/cod_guard').
@@ -54,6 +55,7 @@ main :-
               step(with_app_slot_true, with_app_slot(prof, client(daemon, true), true)),
               step(run_query_whole, run_query(prof, "bench_fact(X)", Opts, _)),
               step(query_goal_parse_check, cod_apps:query_goal(app_prof, "bench_fact(X)", _, _)),
+              step(query_goal_not_cached, ( nb_delete(cod_last_goal), cod_apps:query_goal(app_prof, "bench_fact(X)", _, _) )),
               step(parse_terms, cod_apps:parse_terms(app_prof, "bench_fact(X)", _, [])),
               step(variant_sha1, variant_sha1(bench_fact(_), _)),
               step(snapshot_true, snapshot(true)),

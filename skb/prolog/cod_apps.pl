@@ -821,16 +821,40 @@ run_query(App, Text, Options, answer(Solutions, Truncated, Us)) :-
     maplist(solution_pairs(Names), Kept, Solutions).
 
 %   query_goal(+M, +Text, -Goal, -Bindings): parse and check a query.
+%   The sandbox check runs every time (its verdict cache is emptied when
+%   the module changes); the parse is reused from the calling thread's
+%   last query when M and Text are the same (parsed_goal/4).
 query_goal(M, Text, Goal, Bindings) :-
-    parse_terms(M, Text, Terms, []),
-    (   Terms = [Goal-Bindings]
-    ->  true
-    ;   Terms == []
-    ->  domain_error(goal, Text)
-    ;   domain_error(single_goal, Text)
-    ),
-    must_be(callable, Goal),
+    parsed_goal(M, Text, Goal, Bindings),
     check_query_goal(M, Goal).
+
+%   parsed_goal(+M, +Text, -Goal, -Bindings): Text read as one callable
+%   goal with M's operators.  The thread keeps its last parse (a direct
+%   connection's thread serves one client, which mostly repeats a query
+%   with other data): the same text in the same module gives a copy of
+%   that term, with fresh variables.  The parse depends on nothing else:
+%   an application cannot change its module's operators or syntax flags
+%   (cod_guard.pl).  Texts over max_cached_goal_chars are not kept, so a
+%   thread holds at most that much.
+parsed_goal(M, Text, Goal, Bindings) :-
+    (   nb_current(cod_last_goal, last(M0, Text0, Parsed)),
+        M0 == M, Text0 == Text
+    ->  copy_term(Parsed, Goal-Bindings)
+    ;   parse_terms(M, Text, Terms, []),
+        (   Terms = [Goal-Bindings]
+        ->  true
+        ;   Terms == []
+        ->  domain_error(goal, Text)
+        ;   domain_error(single_goal, Text)
+        ),
+        must_be(callable, Goal),
+        (   string(Text), string_length(Text, Len), max_cached_goal_chars(Max), Len =< Max
+        ->  nb_setval(cod_last_goal, last(M, Text, Goal-Bindings))
+        ;   true
+        )
+    ).
+
+max_cached_goal_chars(4096).
 
 option_value(Opt, Options, Default) :-
     (   memberchk(Opt, Options)

@@ -49,4 +49,22 @@ test(query_qualification_in_data_is_data) :-
 test(query_qualification_in_goals_is_refused, [error(permission_error(call, module_qualified, _), _)]) :-
     run_query(plunit_g, "lists:append(X, Y, [1])", [], _).
 
+test(a_repeated_query_gets_fresh_variables_each_run) :-
+    add_facts(plunit_h, persistent, ["r(1)", "r(2)"], none, 2),
+    run_query(plunit_h, "r(X), Y = f(X, _Z)", [], answer(S1, false, _)),
+    run_query(plunit_h, "r(X), Y = f(X, _Z)", [], answer(S2, false, _)),
+    S1 = [['X'-1, 'Y'-f(1, A)], ['X'-2, 'Y'-f(2, B)]], var(A), var(B),
+    S2 = [['X'-1, 'Y'-f(1, C)], ['X'-2, 'Y'-f(2, D)]], var(C), var(D), C \== A.
+
+test(the_same_text_in_another_application_reads_that_applications_facts) :-
+    add_facts(plunit_i, persistent, ["s(i)"], none, 1),
+    add_facts(plunit_j, persistent, ["s(j)"], none, 1),
+    run_query(plunit_i, "s(X)", [], answer([['X'-i]], false, _)),
+    run_query(plunit_j, "s(X)", [], answer([['X'-j]], false, _)).
+
+test(a_repeated_query_is_checked_by_the_sandbox_each_run,
+     [error(permission_error(call, module_qualified, _), _)]) :-
+    catch(run_query(plunit_k, "lists:append(X, Y, [1])", [], _), _, true),
+    run_query(plunit_k, "lists:append(X, Y, [1])", [], _).
+
 :- end_tests(cod_apps).

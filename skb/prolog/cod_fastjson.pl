@@ -6,15 +6,17 @@
           ]).
 :- use_module(library(error)).
 :- use_module(library(apply)).
+:- use_module(library(pcre)).
 
 /** <module> A request's JSON, read in C
 
 A direct query's request, `{"jsonrpc":"2.0","id":1,"method":...}`, is
 also a Prolog term: a `{}/1` term of `Key:Value` pairs, with strings,
 numbers and the atoms true, false and null.  SWI-Prolog's reader (C)
-reads it in a quarter of the time library(http/json) (Prolog) takes; with
-the checks below the whole costs about four fifths of the library's
-(13.0 against 15.2 CPU us for a query's request; docs/design-rm.md).
+reads it in a quarter of the time library(http/json) (Prolog) takes.  The
+checks below are one regular expression (PCRE, C): the whole costs about
+half of the library's (docs/design-rm.md, "Where the microseconds go";
+they were split_string/4 and word lists before, 13.0 against 15.2 us).
 
 fast_json_dict/2 takes this road only for text on which the reader and
 library(http/json) agree: no backslash (the escapes differ; raw control
@@ -44,12 +46,8 @@ fast_json_dict(Text, Dict) :-
     string_length(Text, Len),
     max_chars(Max),
     Len =< Max,
-    \+ sub_atom_icasechk(Text, _, '\\'),
-    split_string(Text, "\"", "", Parts),
-    outside_strings(Parts, Outside),
-    atomic_list_concat(Outside, ' ', AllOutside),
-    split_string(AllOutside, "{}[]:, \t\r\n-+.0123456789eE", "", Words),
-    maplist(json_word, Words),
+    subset_regex(Re),
+    re_match(Re, Text),
     % An error (a nesting deeper than the reader's C stack, a duplicate
     % key) fails, and the library decides; a signal (not error(_, _))
     % passes through.
@@ -59,20 +57,20 @@ fast_json_dict(Text, Dict) :-
             json_value(Term, Dict) ),
           error(_, _), fail).
 
-%   outside_strings(+Parts, -Outside): the parts of the text split at '"'
-%   that lie outside strings (the even ones).  None may be empty: no
-%   "a""b", one Prolog string.
-outside_strings([Out], [Out]) :- !,
-    Out \== "".
-outside_strings([Out, _String|Rest], [Out|Outs]) :-
-    Out \== "",
-    outside_strings(Rest, Outs).
+%   subset_regex(-Re): the whole text is a sequence of JSON punctuation,
+%   whitespace, digits, signs, exponents, the words true, false and null,
+%   and string literals with no backslash, none followed at once by
+%   another (`"a""b"` is one Prolog string).  Compiled once (the first
+%   call; a race only compiles it twice).
+:- dynamic compiled_subset_regex/1.
 
-% what remains of true, false and null once e is a separator
-json_word("").
-json_word("tru").
-json_word("fals").
-json_word("null").
+subset_regex(Re) :-
+    (   compiled_subset_regex(Re0)
+    ->  Re = Re0
+    ;   re_compile("^(?:[][{}:, \\t\\r\\n+.0-9eE-]++|true|false|null|\"[^\"\\\\]*+\"(?!\"))*+\\z",
+                   Re, [optimise(true)]),
+        assertz(compiled_subset_regex(Re))
+    ).
 
 json_value(V, _) :- var(V), !, fail.        % E, E1: letters of exponents
 json_value(V, V) :- string(V), !.

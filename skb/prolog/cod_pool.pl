@@ -6,7 +6,7 @@
             request_slot/3,          % +App, +Client, +Job
             submit/1,                % +Job
             with_app_slot/3,         % +App, +Client, :Goal
-            app_busy/1,              % ?App
+            app_busy/1,              % +App
             pool_stats/1,            % -Pairs
             pool_health/1            % -Health
           ]).
@@ -22,7 +22,8 @@ runs for: client(Uid, Privileged), where Privileged is true for root and
 the daemon's own user (the Resource Manager says which; a job that names
 nobody is the daemon's).
 
-Slots (both channels together, counted under the cod_slots mutex):
+Slots (both channels together, counted under the cod_slots mutex, in
+flags: slot_key/3):
 
   - at most app_slots queries of one application run at once;
   - at most uid_threads queries of one unprivileged uid run at once, over
@@ -51,10 +52,7 @@ engine's `ping` answers with it).
 
 :- dynamic
     pool_option/2,         % Name, Value
-    running/2,             % App, Count: queries of App running now
-    uid_running/2,         % Uid, Count: queries of an unprivileged uid running now
     parked/4,              % Seq, App, Client, Job: waiting for slots
-    busy_app/2,            % App, Count: threads in App's code (for collection)
     pool_worker/1.         % Thread: a live worker
 
 default_option(app_slots, 4).
@@ -113,21 +111,23 @@ request_slot(App, Client, Job) :-
 
 take_slot(App, Client) :-
     pool_option(app_slots, MaxApp),
-    count(running(App), N0),
+    slot_key(app, App, AppKey),
+    get_flag(AppKey, N0),
     N0 < MaxApp,
     (   Client = client(Uid, false)
     ->  pool_option(uid_threads, MaxUid),
-        count(uid_running(Uid), U0),
+        slot_key(uid, Uid, UidKey),
+        get_flag(UidKey, U0),
         U0 < MaxUid,
         unprivileged_ceiling(MaxAll),
-        flag(cod_unprivileged, A0, A0),
+        get_flag(cod_unprivileged, A0),
         A0 < MaxAll,
-        set_count(uid_running(Uid), U0+1),
-        flag(cod_unprivileged, A1, A1+1)
+        U1 is U0 + 1, set_flag(UidKey, U1),
+        A1 is A0 + 1, set_flag(cod_unprivileged, A1)
     ;   true
     ),
-    set_count(running(App), N0+1),
-    mark_busy(App, 1).
+    N1 is N0 + 1,
+    set_flag(AppKey, N1).
 
 %   The reserve is at most half of the pool, so that a small pool still
 %   serves unprivileged uids.
@@ -136,30 +136,30 @@ unprivileged_ceiling(Max) :-
     pool_option(reserved_privileged_threads, R),
     Max is max(1, T - min(R, T // 2)).
 
+%   A count never goes below 0 (as the asserted counters did before).
 give_back(App, Client) :-
-    count(running(App), N0),
-    set_count(running(App), N0-1),
-    mark_busy(App, -1),
+    slot_key(app, App, AppKey),
+    get_flag(AppKey, N0), N1 is max(0, N0 - 1), set_flag(AppKey, N1),
     (   Client = client(Uid, false)
-    ->  count(uid_running(Uid), U0),
-        set_count(uid_running(Uid), U0-1),
-        flag(cod_unprivileged, A, A-1)
+    ->  slot_key(uid, Uid, UidKey),
+        get_flag(UidKey, U0), U1 is max(0, U0 - 1), set_flag(UidKey, U1),
+        get_flag(cod_unprivileged, A0), A1 is A0 - 1, set_flag(cod_unprivileged, A1)
     ;   true
     ).
 
-count(Counter, N) :-
-    (   call(Counter, N0) -> N = N0 ; N = 0 ).
-
-set_count(Counter, Expr) :-
-    N is Expr,
-    Counter =.. [Name|Args],
-    append(Args, [_], Args1), Old =.. [Name|Args1],
-    retractall(Old),
-    (   N > 0
-    ->  append(Args, [N], Args2), New =.. [Name|Args2],
-        assertz(New)
-    ;   true
-    ).
+%   slot_key(+Kind, +Name, -Key): the flag that counts the queries running
+%   now of application Name (Kind app) or of unprivileged uid Name (Kind
+%   uid).  Flags, not asserted counters: a query takes and gives back its
+%   slot with four flag accesses instead of eight clause changes (each of
+%   which every thread's clause garbage collection then visits;
+%   docs/design-rm.md, "Where the microseconds go").  Read and written
+%   under the cod_slots mutex only.  A flag is never removed: one stays,
+%   at 0, for each application name and uid that ever ran a query (a few
+%   dozen bytes each).
+slot_key(app, App, Key) :-
+    atom_concat('cod_slots app ', App, Key).
+slot_key(uid, Uid, Key) :-
+    atom_concat('cod_slots uid ', Uid, Key).
 
 park(App, Client, Job) :-
     flag(cod_park_seq, Seq, Seq+1),
@@ -183,15 +183,16 @@ resume(wake(Thread)) :- !,
 resume(Job) :-
     submit(Job).
 
-mark_busy(App, D) :-
-    count(busy_app(App), N0),
-    set_count(busy_app(App), N0+D).
-
-%!  app_busy(?App) is nondet.
+%!  app_busy(+App) is semidet.
 %
-%   App has a query running (call under the cod_slots mutex).
+%   App has a query running (call under the cod_slots mutex).  Only an
+%   atom names an application that can hold a slot (dispatch/3 and
+%   grant_token/3 check it), so anything else is not busy.
 app_busy(App) :-
-    busy_app(App, _).
+    atom(App),
+    slot_key(app, App, Key),
+    get_flag(Key, N),
+    N > 0.
 
 %!  with_app_slot(+App, +Client, :Goal)
 %
