@@ -371,20 +371,48 @@ def test_a_uid_manages_its_own_processes_only(spawn):
             d.stop()
 
 
+def _nobody_removes(path, name):
+    with Client(str(path), app="nobodys") as c:
+        g = groups(c)[name]
+        assert g["owner_uid"] == NOBODY and g["registered_by_uid"] == 0
+        out = c.deregister_unmanaged(name=name)
+        assert out["reason"] == "deregistered" and out["owner_uid"] == NOBODY
+
+
 @pytest.mark.skipif(not ROOT, reason="root registers another uid's process")
-def test_owner_uid_is_the_registering_peer_not_the_processes_owner(tmp_path):
-    """docs/protocol.md: ``owner_uid`` is the uid whose quotas the group counts against and who may remove
-    it: root registering a process of another uid (a postgres-owned postmaster) owns the group."""
-    d = elastic_daemon(tmp_path)
-    other = subprocess.Popen(["sleep", "300"], user=NOBODY)
-    try:
-        with Client(str(d.path)) as c:
-            g = c.register_unmanaged(pid=other.pid, name="theirs")
-            assert g["owner_uid"] == 0 and groups(c)["theirs"]["owner_uid"] == 0
-    finally:
-        other.kill()
-        other.wait()
-        d.stop()
+def test_owner_uid_is_the_processes_owner_not_the_registering_peer():
+    """docs/protocol.md: a group belongs to the uid of its processes (a postgres-owned postmaster's
+    group is postgres's, whoever registers it: its quotas count it and it may remove it); who
+    registered it is ``registered_by_uid``.  A cgroup's group belongs to the cgroup's owner."""
+    with shared_dir("cod-elastic-") as tmp:
+        d = elastic_daemon(tmp)
+        other = subprocess.Popen(["sleep", "300"], user=NOBODY)
+        mine = subprocess.Popen(["sleep", "300"])
+        try:
+            before = allowed_list(other.pid)
+            with Client(str(d.path)) as c:
+                g = c.register_unmanaged(pid=other.pid, name="theirs")
+                assert (g["owner_uid"], g["registered_by_uid"]) == (NOBODY, 0)
+                assert groups(c)["theirs"]["owner_uid"] == NOBODY
+                assert allowed_list(other.pid) == cpus_text(g["cores"])
+                with temp_cgroup("owned") as path:
+                    os.chown(path, NOBODY, -1)  # delegated to nobody
+                    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                        f.write(str(mine.pid))
+                    cg = c.register_unmanaged(cgroup=path, name="delegated")
+                    assert (cg["owner_uid"], cg["registered_by_uid"]) == (NOBODY, 0)
+                    c.deregister_unmanaged(name="delegated")
+                own = c.register_unmanaged(pid=mine.pid, name="roots-own")
+                assert (own["owner_uid"], own["registered_by_uid"]) == (0, 0)
+                # The owner removes it (not only root); its process gets its mask back.
+                assert as_user(NOBODY, _nobody_removes, d.path, "theirs") == 0
+                assert set(groups(c)) == {"roots-own"}
+            assert allowed_list(other.pid) == before
+        finally:
+            for p in (other, mine):
+                p.kill()
+                p.wait()
+            d.stop()
 
 
 def test_after_a_crash_the_next_daemon_restores_the_groups_processes(tmp_path, spawn):
