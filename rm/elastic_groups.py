@@ -219,19 +219,11 @@ class ElasticGroups:
 
     async def register(self, conn: Connection, name: str | None, pids: list[int] | None, cgroup: str | None,
                        settings: ElasticSettings) -> dict[str, Any]:
-        """Admit a group, all or nothing: checks, admission, pin, SKB facts, then its timer.
-
-        Its processes are the RM's from here (``Registry.arrival``, as a task's): a busy sample
-        taken meanwhile does not make them strangers the monitor would confine (issue 30)."""
+        """Admit a group, all or nothing: checks, admission, pin, SKB facts, then its timer."""
         try:
             group = open_group(pids=pids, cgroup=cgroup)
         except ElasticError as err:
             raise RpcError(rpc.INVALID_PARAMS, f"register_unmanaged: {err}") from None
-        with self.rm.arrival(group.pids()):
-            return await self._register(conn, group, name, settings)
-
-    async def _register(self, conn: Connection, group: CgroupGroup | PidTreeGroup, name: str | None,
-                        settings: ElasticSettings) -> dict[str, Any]:
         if name is None:
             name = default_name(group)
         problem = name_problem(name)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -208,19 +206,6 @@ class Registry:
     def managed_pids(self) -> set[int]:
         """Processes of registered tasks (and their children) and of registrations under way."""
         return {pid for t in self.tasks.values() for pid in t.pids()} | set(self.arriving)
-
-    @contextmanager
-    def arrival(self, pids: Iterable[int]) -> Iterator[None]:
-        """``pids`` are the RM's while the block runs (a registration under way: ``arriving``)."""
-        pids = set(pids)
-        self.arriving.update(pids)
-        try:
-            yield
-        finally:
-            self.arriving.subtract(pids)
-            for pid in pids:
-                if self.arriving[pid] <= 0:
-                    del self.arriving[pid]
 
     def task_pids(self) -> dict[int, Task]:
         return {t.pid: t for t in self.tasks.values()}

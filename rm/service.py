@@ -26,8 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
-from contextlib import AbstractContextManager
 from typing import Any
 
 from cod.facts.model import Machine
@@ -99,10 +97,6 @@ class ResourceManager:
     def managed_pids(self) -> set[int]:
         """Processes that registered tasks hold, or whose registration is under way."""
         return self.registry.managed_pids()
-
-    def arrival(self, pids: Iterable[int]) -> AbstractContextManager[None]:
-        """``pids`` are managed while the block runs (an elastic group's registration under way)."""
-        return self.registry.arrival(pids)
 
     def task_of_pid(self, pid: int) -> Task | None:
         """The task a process belongs to: its own pid or one of its children."""
