@@ -445,6 +445,27 @@ def test_the_protocol_lists_the_new_methods(tmp_path):
 
 
 
+def test_an_idle_group_rewrites_its_facts_rarely_and_a_change_at_once(tmp_path, spawn):
+    """docs/skb-schema.md: a steady group's facts are rewritten at most every elastic_facts_refresh_s
+    (10 s by default: at 2 s an idle group's SKB writes cost nearly what its periods cost, docs/elastic.md,
+    *Idle*); a change of state is written at once."""
+    d = elastic_daemon(tmp_path)
+    try:
+        sp = spawn(2, "sleep")
+        with Client(str(d.path)) as c:
+            c.register_unmanaged(pid=sp.pid, name="quiet", **DEMAND)
+            wait_until(lambda: c.execute_query("elastic_state(quiet, idle)"), 5, "the first evaluation in the SKB")
+            began, first = time.monotonic(), groups(c)["quiet"]["facts_writes"]
+            periods = groups(c)["quiet"]["periods_run"]
+            wait_until(lambda: groups(c)["quiet"]["periods_run"] >= periods + 30, 30, "30 more periods of an idle group")
+            g, elapsed = groups(c)["quiet"], time.monotonic() - began
+            # Nothing changed: a refresh every 10 s at most (none in the ~6 s a quiet machine takes;
+            # a loaded one that stretches the periods may see one per 10 s).  At 2 s there were 3.
+            assert g["state"] == "idle" and g["facts_writes"] - first <= (elapsed + 2) // 10, (g, elapsed)
+    finally:
+        d.stop()
+
+
 # ---- cod shell shows the net ----------------------------------------------------------------------
 def test_cod_shell_shows_the_groups_net(tmp_path, spawn):
     d = elastic_daemon(tmp_path)
