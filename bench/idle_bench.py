@@ -1,7 +1,8 @@
 """CPU cost of the RM's enforcement machinery while idle; prints JSON.
 
     python bench/idle_bench.py [--seconds 60] [--tasks 10] [--busy-interval 0.1] [--refresh 1.0]
-                               [--elastic 1] [--only mechanisms|daemon|elastic]
+                               [--elastic 1] [--only mechanisms|daemon|elastic|daemons]
+                               [--no-busy-detect] [--daemon-set KEY=VALUE ...]
 
 Three measurements, side by side in one run:
 
@@ -144,9 +145,10 @@ def daemon_idle(args, spinners, groups=()) -> dict:
         cmd = [sys.executable, "-m", "cod.cli.main", "rm", "--socket", sock, "--state-dir", os.path.join(d, "state"),
                "--cgroup-parent", f"cod_idle_{os.getpid()}", "--log-level", "warning",
                "--busy-interval", str(args.busy_interval), "--refresh-interval", str(args.refresh),
-               # Busy processes are still detected (that is the cost measured); they are not confined,
-               # so other people's jobs on a shared machine keep their CPUs during the run.
-               "--no-confine-others"]
+               # Busy processes are still detected (that is the cost measured; unless --no-busy-detect);
+               # they are not confined, so other people's jobs on a shared machine keep their CPUs.
+               "--no-confine-others", *(["--no-busy-detect"] if args.no_busy_detect else []),
+               *(a for kv in args.daemon_set for a in ("--set", kv))]
         daemon = subprocess.Popen(cmd, stderr=log)
         try:
             for _ in range(400):
@@ -217,10 +219,17 @@ def main() -> None:
     ap.add_argument("--refresh", type=float, default=1.0)
     ap.add_argument("--elastic", type=int, default=1, help="elastic groups in the daemon_elastic part")
     ap.add_argument("--rounds", type=int, default=2, help="daemon runs without and with groups, interleaved")
-    ap.add_argument("--only", choices=["mechanisms", "daemon", "elastic"], default=None)
+    ap.add_argument("--only", choices=["mechanisms", "daemon", "elastic", "daemons"], default=None,
+                    help="one part (daemons: the daemon without and with groups, not the mechanisms alone)")
+    ap.add_argument("--no-busy-detect", action="store_true",
+                    help="the daemon without its busy detector, whose full scans follow other users' load: "
+                         "what a group adds can then be told apart on a shared machine")
+    ap.add_argument("--daemon-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a daemon setting (cod rm --set), e.g. elastic_facts_refresh_s=2; repeatable")
     args = ap.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
-    result: dict = {"machine_load_before": [round(x, 2) for x in os.getloadavg()]}
+    result: dict = {"machine_load_before": [round(x, 2) for x in os.getloadavg()],
+                    "busy_detect": not args.no_busy_detect, "daemon_set": args.daemon_set}
     with tempfile.TemporaryDirectory() as d:
         cmd = spinner_command(d)
         spinners = [start_spinner(cmd, 2, "sleep") for _ in range(args.tasks)]
@@ -229,8 +238,8 @@ def main() -> None:
         try:
             # Without and with elastic groups, interleaved (A B B A ...): the busy detector's full
             # scans follow other people's load on a shared machine, so single runs are noisy.
-            kinds = {None: ["daemon", "daemon_elastic"], "daemon": ["daemon"], "elastic": ["daemon_elastic"],
-                     "mechanisms": []}[args.only]
+            kinds = {None: ["daemon", "daemon_elastic"], "daemons": ["daemon", "daemon_elastic"], "daemon": ["daemon"],
+                     "elastic": ["daemon_elastic"], "mechanisms": []}[args.only]
             order = []
             for r in range(args.rounds):
                 order += kinds if r % 2 == 0 else list(reversed(kinds))
@@ -244,12 +253,15 @@ def main() -> None:
                         "daemon_cpu_percent_of_one_core_median": statistics.median(
                             g["daemon_cpu_percent_of_one_core"] for g in got)}
             if len(kinds) == 2:
-                def share(kind):
-                    return [g["daemon_cpu_percent_of_one_core"] for g in runs[kind]]
+                def share(kind, key="daemon_cpu_percent_of_one_core"):
+                    return [g[key] for g in runs[kind]]
                 result["elastic_extra_percent_of_one_core_per_round"] = [
                     round(b - a, 3) for a, b in zip(share("daemon"), share("daemon_elastic"))]
                 result["elastic_extra_percent_of_one_core_median"] = statistics.median(
                     result["elastic_extra_percent_of_one_core_per_round"])
+                engine = "skb_engine_cpu_percent_of_one_core"  # the group's SKB writes cost the engine too
+                result["elastic_extra_engine_percent_of_one_core_per_round"] = [
+                    round(b - a, 3) for a, b in zip(share("daemon", engine), share("daemon_elastic", engine))]
             if args.only in (None, "mechanisms"):
                 enforcer = AffinityEnforcer(os.path.join(d, "state"))
                 try:

@@ -67,6 +67,17 @@ def _uid_of(pid: int) -> int | None:
         return None
 
 
+def owner_of(group: CgroupGroup | PidTreeGroup) -> int | None:
+    """The uid a group belongs to: the owner of its cgroup (the uid it is delegated to), or the real
+    uid of its first pid (a postmaster's, whoever registers it); None when that is gone."""
+    if isinstance(group, CgroupGroup):
+        try:
+            return os.stat(group.path).st_uid
+        except OSError:
+            return None
+    return _uid_of(group.roots[0])
+
+
 def default_name(group: CgroupGroup | PidTreeGroup) -> str:
     """``elastic.<cgroup directory>`` or ``elastic.<command>.<first pid>``."""
     if isinstance(group, CgroupGroup):
@@ -82,9 +93,11 @@ def default_name(group: CgroupGroup | PidTreeGroup) -> str:
 class ManagedGroup:
     """One elastic group: the runner's pieces, plus what the RM asks of a `demands.Demand`."""
 
-    def __init__(self, name: str, owner_uid: int, runner: ElasticRunner, settings: ElasticSettings) -> None:
+    def __init__(self, name: str, owner_uid: int, runner: ElasticRunner, settings: ElasticSettings,
+                 registered_by: int | None = None) -> None:
         self.name = name
-        self.owner_uid = owner_uid
+        self.owner_uid = owner_uid  # whose processes: their quotas count it, they may remove it
+        self.registered_by = owner_uid if registered_by is None else registered_by  # the peer's uid
         self.runner = runner
         self.settings = settings
         self.want: tuple[int, ...] = ()  # where it should start, until it holds CPUs
@@ -141,7 +154,8 @@ class ManagedGroup:
         steps = sorted(rec.step_s for rec in r.history)
         cpu = sorted(rec.step_cpu_s for rec in r.history)
         return {
-            "group": self.name, "owner_uid": self.owner_uid, **self.source(),
+            "group": self.name, "owner_uid": self.owner_uid, "registered_by_uid": self.registered_by,
+            **self.source(),
             "mode": r.mode, "mode_asked": self.settings.mode, "notes": list(r.notes),
             "settings": {k: getattr(self.settings, k) for k in SETTING_KEYS},
             "cores": sorted(state.cpus) if state else [],
@@ -221,6 +235,9 @@ class ElasticGroups:
         if clash is not None:
             raise RpcError(rpc.ALREADY_EXISTS, f"register_unmanaged: {clash}")
         uid = conn.peer.uid
+        owner = owner_of(group)
+        if owner is None:
+            owner = uid  # the process or cgroup went meanwhile: the registration fails below
         why = self.rm.admission.group_refusal(conn, [g.settings.min_cores for g in self.groups.values()
                                                      if g.owner_uid == uid], settings.min_cores)
         if why is not None:
@@ -233,7 +250,7 @@ class ElasticGroups:
                                    may_pin=may_pin, history=HISTORY, enforcer_task=name, open_taskstats=False)
         except ElasticError as err:
             raise RpcError(rpc.INVALID_PARAMS, f"register_unmanaged: {err}") from None
-        g = ManagedGroup(name, uid, runner, settings)
+        g = ManagedGroup(name, owner, runner, settings, registered_by=uid)
         # Where the mode would start it: on CPUs nobody holds if there are enough, else anywhere
         # (the allocator then takes them back from a task, which is told and acknowledges).
         limits = self._limits(name)
@@ -255,8 +272,8 @@ class ElasticGroups:
         loop = asyncio.get_running_loop()
         g.deadline = loop.time() + settings.period_s
         g.timer = loop.call_at(g.deadline, self._tick, g)
-        log.info("elastic group %s (%s) registered by uid %d: mode %s, metric %s, CPUs %s%s", name,
-                 group.describe(), uid, runner.mode, settings.metric, ",".join(map(str, grant)) or "none yet",
+        log.info("elastic group %s (%s, uid %d's) registered by uid %d: mode %s, metric %s, CPUs %s%s", name,
+                 group.describe(), owner, uid, runner.mode, settings.metric, ",".join(map(str, grant)) or "none yet",
                  f"; {runner.notes[0]}" if runner.notes else "")
         self.rm.events.emit("facts_changed", {"scope": "system", "app": None, "op": "add", "predicates": ["elastic_group"]})
         return g.describe()

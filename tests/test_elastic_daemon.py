@@ -371,20 +371,48 @@ def test_a_uid_manages_its_own_processes_only(spawn):
             d.stop()
 
 
+def _nobody_removes(path, name):
+    with Client(str(path), app="nobodys") as c:
+        g = groups(c)[name]
+        assert g["owner_uid"] == NOBODY and g["registered_by_uid"] == 0
+        out = c.deregister_unmanaged(name=name)
+        assert out["reason"] == "deregistered" and out["owner_uid"] == NOBODY
+
+
 @pytest.mark.skipif(not ROOT, reason="root registers another uid's process")
-def test_owner_uid_is_the_registering_peer_not_the_processes_owner(tmp_path):
-    """docs/protocol.md: ``owner_uid`` is the uid whose quotas the group counts against and who may remove
-    it: root registering a process of another uid (a postgres-owned postmaster) owns the group."""
-    d = elastic_daemon(tmp_path)
-    other = subprocess.Popen(["sleep", "300"], user=NOBODY)
-    try:
-        with Client(str(d.path)) as c:
-            g = c.register_unmanaged(pid=other.pid, name="theirs")
-            assert g["owner_uid"] == 0 and groups(c)["theirs"]["owner_uid"] == 0
-    finally:
-        other.kill()
-        other.wait()
-        d.stop()
+def test_owner_uid_is_the_processes_owner_not_the_registering_peer():
+    """docs/protocol.md: a group belongs to the uid of its processes (a postgres-owned postmaster's
+    group is postgres's, whoever registers it: its quotas count it and it may remove it); who
+    registered it is ``registered_by_uid``.  A cgroup's group belongs to the cgroup's owner."""
+    with shared_dir("cod-elastic-") as tmp:
+        d = elastic_daemon(tmp)
+        other = subprocess.Popen(["sleep", "300"], user=NOBODY)
+        mine = subprocess.Popen(["sleep", "300"])
+        try:
+            before = allowed_list(other.pid)
+            with Client(str(d.path)) as c:
+                g = c.register_unmanaged(pid=other.pid, name="theirs")
+                assert (g["owner_uid"], g["registered_by_uid"]) == (NOBODY, 0)
+                assert groups(c)["theirs"]["owner_uid"] == NOBODY
+                assert allowed_list(other.pid) == cpus_text(g["cores"])
+                with temp_cgroup("owned") as path:
+                    os.chown(path, NOBODY, -1)  # delegated to nobody
+                    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+                        f.write(str(mine.pid))
+                    cg = c.register_unmanaged(cgroup=path, name="delegated")
+                    assert (cg["owner_uid"], cg["registered_by_uid"]) == (NOBODY, 0)
+                    c.deregister_unmanaged(name="delegated")
+                own = c.register_unmanaged(pid=mine.pid, name="roots-own")
+                assert (own["owner_uid"], own["registered_by_uid"]) == (0, 0)
+                # The owner removes it (not only root); its process gets its mask back.
+                assert as_user(NOBODY, _nobody_removes, d.path, "theirs") == 0
+                assert set(groups(c)) == {"roots-own"}
+            assert allowed_list(other.pid) == before
+        finally:
+            for p in (other, mine):
+                p.kill()
+                p.wait()
+            d.stop()
 
 
 def test_after_a_crash_the_next_daemon_restores_the_groups_processes(tmp_path, spawn):
@@ -415,6 +443,27 @@ def test_the_protocol_lists_the_new_methods(tmp_path):
     finally:
         d.stop()
 
+
+
+def test_an_idle_group_rewrites_its_facts_rarely_and_a_change_at_once(tmp_path, spawn):
+    """docs/skb-schema.md: a steady group's facts are rewritten at most every elastic_facts_refresh_s
+    (10 s by default: at 2 s an idle group's SKB writes cost nearly what its periods cost, docs/elastic.md,
+    *Idle*); a change of state is written at once."""
+    d = elastic_daemon(tmp_path)
+    try:
+        sp = spawn(2, "sleep")
+        with Client(str(d.path)) as c:
+            c.register_unmanaged(pid=sp.pid, name="quiet", **DEMAND)
+            wait_until(lambda: c.execute_query("elastic_state(quiet, idle)"), 5, "the first evaluation in the SKB")
+            began, first = time.monotonic(), groups(c)["quiet"]["facts_writes"]
+            periods = groups(c)["quiet"]["periods_run"]
+            wait_until(lambda: groups(c)["quiet"]["periods_run"] >= periods + 30, 30, "30 more periods of an idle group")
+            g, elapsed = groups(c)["quiet"], time.monotonic() - began
+            # Nothing changed: a refresh every 10 s at most (none in the ~6 s a quiet machine takes;
+            # a loaded one that stretches the periods may see one per 10 s).  At 2 s there were 3.
+            assert g["state"] == "idle" and g["facts_writes"] - first <= (elapsed + 2) // 10, (g, elapsed)
+    finally:
+        d.stop()
 
 
 # ---- cod shell shows the net ----------------------------------------------------------------------

@@ -110,6 +110,6 @@ def test_the_elastic_facts_refresh_settings_are_read_and_checked():
     """bench/elastic_pg_ab.py switches the SKB writes of a group off with these (issue 30)."""
     cfg = build_config(sets=["elastic_facts_refresh_s=3600", "elastic_facts_load_step=1000"])
     assert (cfg.elastic_facts_refresh_s, cfg.elastic_facts_load_step) == (3600.0, 1000.0)
-    assert (build_config().elastic_facts_refresh_s, build_config().elastic_facts_load_step) == (2.0, 5.0)
+    assert (build_config().elastic_facts_refresh_s, build_config().elastic_facts_load_step) == (10.0, 5.0)
     with pytest.raises(ConfigError, match="elastic_facts_load_step must be a positive number"):
         build_config(sets=["elastic_facts_load_step=-1"])
