@@ -4,7 +4,9 @@ A call that changes the allocation checks everything first, then plans with
 the change (:mod:`.allocator_runner`, not adopted yet), then pins the newcomer, then
 writes the SKB in one transaction, then adopts the plan (:mod:`.publisher`);
 a failure at any step undoes the steps before it, so the daemon's state, the
-SKB and the cgroups never disagree.  A refused call changes nothing.
+SKB and the cgroups never disagree.  A refused call changes nothing.  A
+registration's write and the publication that admits it are one transaction
+(:meth:`.publisher.Publisher.join`): one SKB round trip from plan to upcall.
 
 Allocator runs and the adoption of their plans are serialised by one lock;
 requests for a recomputation that arrive meanwhile are coalesced into the
@@ -31,7 +33,7 @@ from .events import Events
 from .knowledge import Knowledge, app_of, skb_call, skb_quietly
 from .pinning import Pinning
 from .allocator_runner import Plan, AllocatorRunner
-from .publisher import Publisher
+from .publisher import Joining, Publisher
 from .registry import Connection, Registry, Task, Usage
 from .taskprops import Derived, build_spec
 
@@ -131,10 +133,11 @@ class Admission:
             writes = [codec.add_procedure(app, text, persistent, limits) for text in procedures]
             if facts:
                 writes.append(codec.add_facts(app, owner, facts, limits))
-            # 1. check the facts and procedures, and derive the properties given as queries, as the
-            #    namespace will be after them, without keeping them
+            # 1. derive the properties given as queries, as the namespace will be after the facts and
+            #    procedures, without keeping them.  With none to derive, nothing is read: the write
+            #    (step 4) checks the facts and procedures, and a refused write changes nothing.
             values: dict[str, int] = {}
-            if writes or derived:
+            if derived:
                 staged = Staged(tuple(facts), owner, tuple((t, persistent) for t in procedures), limits)
                 values = await self.knowledge.evaluate(app, staged, derived, "register_task")
             spec = build_spec(name, plain, values, "register_task")
@@ -158,24 +161,23 @@ class Admission:
         if plan.cores is None:
             raise self._refusal(task.spec, plan)
         reason = f"task {task.name} arrived"
-        # 3. pin the newcomer (if it holds anything yet); 4. write the SKB in one transaction
+        # 3. pin the newcomer (if it holds anything yet); 4. write the SKB in one transaction, with
+        # the publication that admits it; 5. commit.  The publisher adopts the plan on the epoch
+        # state as it is when the write is its turn, and undoes the pin if the write fails.
         grant = self.publisher.trial(plan, task.name, reason)
         self.pinning.pin_or_refuse(task, grant)
-        try:
-            results = await skb_call(self.skb.batch(writes))
-        except BaseException:
-            self.pinning.release(task)
-            raise
-        # 5. commit: from here on nothing is undone.  The plan is adopted on the epoch
-        # state as it is now (an acknowledgement may have moved cores during the write).
-        for result in results:
-            if isinstance(result, dict) and "usage" in result:
-                self.registry.usage[task.app] = Usage.from_reply(result["usage"])
-        self.registry.tasks[task.name] = task
-        conn.tasks.add(task.name)
-        task.auto_subscription = self.registry.subscribe(conn, "allocation_changed", {"task": task.name}).id
-        task.warning_subscription = self.registry.subscribe(conn, "task_warning", {"task": task.name}).id
-        await self._adopt(plan, reason, join=task.name, already_pinned={task.name: grant} if grant else None)
+
+        def commit(results: list[Any]) -> None:
+            for result in results:
+                if isinstance(result, dict) and "usage" in result:
+                    self.registry.usage[task.app] = Usage.from_reply(result["usage"])
+            self.registry.tasks[task.name] = task
+            conn.tasks.add(task.name)
+            task.auto_subscription = self.registry.subscribe(conn, "allocation_changed", {"task": task.name}).id
+            task.warning_subscription = self.registry.subscribe(conn, "task_warning", {"task": task.name}).id
+
+        await skb_call(self.publisher.join(Joining(plan, task, reason, writes, grant, self.demands.adoption,
+                                                   commit, lambda: self.pinning.release(task))))
 
     # ---- a task changes --------------------------------------------------------------------------
     async def update(self, task: Task, plain: dict[str, Any], derived: dict[str, Derived],

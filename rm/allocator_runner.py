@@ -8,7 +8,11 @@ The runner keeps one :class:`cod.rm.allocator.Allocator` (memory of its last
 answer): when the tasks differ from the last run's by one arrival or one
 departure and ``current`` is what that run returned, the allocator repairs
 its last answer and returns it only when it proves the repair optimal, else
-it runs the full solve (docs/design-allocator.md, "In the daemon").  A plan
+it runs the full solve (docs/design-allocator.md, "In the daemon").  The
+proven repair is cheap and bounded (no solve runs: ~0.1 ms for a
+registration), so it runs on the event loop; only the full solve goes to
+the worker thread.  On a busy machine the hand-off to that thread and back
+cost more than the repair itself (docs/design-rm.md, "Registration").  A plan
 the service does not adopt (a refused admission) needs no undo: the next run
 differs from it in ``current`` or in more than one task (a full solve), or
 is one change away from it (a repair, proven against that run's own input).
@@ -18,9 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from cod.facts.model import Machine
 
@@ -73,17 +77,42 @@ class AllocatorRunner:
         self._allocator = Allocator(machine, solver=solver, time_limit_s=time_limit_s)
         self._allocator.reset([], {})  # a daemon starts with nothing allocated: its first task is one arrival
         # one worker: the allocator's memory is touched by one thread, in the order of the calls
+        # (the event loop's repairs only while no run is in the worker: self._busy)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cod-allocator")
+        self._busy: Future[Any] | None = None
 
     async def run(self, specs: Sequence[TaskSpec], current: Mapping[str, Sequence[int]],
                   others: Sequence[OtherDemand] = ()) -> Plan:
+        idle = self._busy is None or self._busy.done()  # no earlier run still in the worker thread
         if not specs:  # no task to keep them from: each other stays where it runs
             # the allocator's last answer becomes "nothing allocated" (with others: forgotten)
-            self._executor.submit(self._allocator.reset, None if others else [], None if others else {})
+            args = (None, None) if others else ([], {})
+            if idle:
+                self._allocator.reset(*args)
+            else:
+                self._busy = self._executor.submit(self._allocator.reset, *args)
             return Plan({}, None, "none", 0.0, "optimal", reservations={o.name: o.cpus for o in others})
-        loop = asyncio.get_running_loop()
         snapshot = (tuple(specs), {k: tuple(v) for k, v in current.items()}, tuple(others))
-        return await loop.run_in_executor(self._executor, self._run, *snapshot)
+        if idle:
+            repaired = self._repair(*snapshot)
+            if repaired is not None:
+                return repaired
+        job = self._executor.submit(self._run, *snapshot)
+        self._busy = job  # done only once the thread is done with it, even if our caller is cancelled
+        return await asyncio.wrap_future(job)
+
+    def _repair(self, specs: tuple[TaskSpec, ...], current: dict[str, tuple[int, ...]],
+                others: tuple[OtherDemand, ...]) -> Plan | None:
+        """The allocator's proven repair, here and now; None: the worker thread must solve."""
+        try:
+            result = self._allocator.repair(list(specs), current, others=others)
+        except (ValueError, TypeError):
+            raise  # bad input: the full solve would refuse it the same way
+        except Exception:  # a bug of the incremental repair must not cost an admission
+            log.exception("the incremental allocator failed; planning from scratch")
+            self._allocator.reset()
+            return None
+        return None if result is None else Plan.of(result)
 
     def _run(self, specs: tuple[TaskSpec, ...], current: dict[str, tuple[int, ...]],
              others: tuple[OtherDemand, ...]) -> Plan:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from .allocator import OtherDemand
 from .allocator.model import TaskSpec
@@ -99,19 +99,32 @@ class Demands:
     def is_busy(self, pid: int) -> bool:
         return pid in self.others
 
-    def other_facts(self) -> dict[str, list[str]]:
-        return {other_task_fact(ANY, ANY, ANY): [other_task_fact(o.pid, o.comm, o.cpus) for _, o in sorted(self.others.items())]}
+    def other_facts(self, others: Mapping[int, OtherTask] | None = None) -> dict[str, list[str]]:
+        """The ``other_task/3`` facts of ``others`` (default: the busy processes now)."""
+        others = self.others if others is None else others
+        return {other_task_fact(ANY, ANY, ANY): [other_task_fact(o.pid, o.comm, o.cpus) for _, o in sorted(others.items())]}
 
     def adopted(self, plan: Plan, pub: Publication) -> tuple[Publication, dict[str, list[str]]]:
         """``plan`` is now the current one: keep its reservations for the busy processes (where the
         monitor confines them), and give each task it displaced a reason naming the process.
         Returns the publication and the ``other_task/3`` facts to write with it (when they moved)."""
-        changed = False
-        for pid, other in list(self.others.items()):
+        pub, writes, keep = self.adoption(plan, pub)
+        keep()
+        return pub, writes
+
+    def adoption(self, plan: Plan, pub: Publication) -> tuple[Publication, dict[str, list[str]], Callable[[], None]]:
+        """What :meth:`adopted` does, without doing it yet: the publication, the facts to write
+        with it, and ``keep()``, which keeps the reservations once the facts are written."""
+        moved = {}
+        for pid, other in self.others.items():
             cpus = plan.reservations.get(other_task_name(pid))
             if cpus is not None and cpus != other.cpus:
-                self.others[pid] = dataclasses.replace(other, cpus=cpus)
-                changed = True
+                moved[pid] = dataclasses.replace(other, cpus=cpus)
+
+        def keep() -> None:
+            for pid, other in moved.items():
+                if pid in self.others:  # still busy
+                    self.others[pid] = dataclasses.replace(self.others[pid], cpus=other.cpus)
         reasons = {}
         for task, names in plan.displaced_by.items():
             who = []
@@ -121,7 +134,7 @@ class Demands:
                 who.append(f"busy process {pid} ({other.comm})" if other else name)
             reasons[task] = f"{' and '.join(who)} took CPUs of task {task} (no free or less costly CPU was left)"
         pub = dataclasses.replace(pub, task_reasons=reasons) if reasons else pub
-        return pub, (self.other_facts() if changed else {})
+        return pub, (self.other_facts({**self.others, **moved}) if moved else {}), keep
 
     def set_others(self, others: dict[int, OtherTask]) -> bool:
         """The busy processes are now ``others``; True when one was added."""

@@ -13,7 +13,11 @@ passing) changes the :class:`~.epochs.EpochState` at once and queues its
    the monitor's confinement of busy processes).
 
 Other SKB writes that describe the allocation are queued with :meth:`Publisher.write`
-and land in the same order as the publications.  An acknowledgement never
+and land in the same order as the publications.  A registration's own writes
+(its application's facts and procedures, its task facts) are queued with
+:meth:`Publisher.join` and written in the transaction of the publication that
+admits it: one SKB round trip, and a write that fails leaves the epoch state,
+the SKB and the pins as they were.  An acknowledgement never
 waits for the SKB: it changes the state and queues its publication.  The
 revocation deadlines are armed here from each publication's ``next_deadline``.
 """
@@ -27,7 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from cod.skb import SKBError
+from cod.skb import SKBError, codec
+from cod.skb.codec import Op
 
 from . import epochs
 from .system_facts import allocation_facts
@@ -44,12 +49,31 @@ CLOSE_WAIT_S = 3.0  # how long close() waits for the publications in flight
 Writes = Mapping[str, list[str]]  # SKB pattern -> the facts that replace what it matches
 
 
+Adoption = Callable[[Plan, Publication], tuple[Publication, Writes, Callable[[], None]]]
+
+
+@dataclass
+class Joining:
+    """A newcomer's admission, carried out by the publisher in its order (:meth:`Publisher.join`)."""
+
+    plan: Plan
+    task: Task
+    reason: str
+    ops: list[Op]  # the registration's SKB writes, in the publication's transaction
+    pinned: tuple[int, ...]  # what the newcomer is pinned to already
+    adoption: Adoption  # the publication's other writes, and what to keep once it is written
+    commit: Callable[[list[Any]], None]  # the registration is committed (given the batch's results)
+    undo: Callable[[], None]  # the registration failed: undo what it did before (its pin)
+    committed: bool = False
+
+
 @dataclass
 class _Queued:
     pub: Publication | None  # None: SKB writes only
     writes: Writes
     what: str
-    done: asyncio.Future[bool]  # True when its SKB write succeeded
+    done: asyncio.Future[Any]  # True when its SKB write succeeded (a join: its outcome)
+    join: Joining | None = None
 
 
 class Publisher:
@@ -142,9 +166,21 @@ class Publisher:
         """Queue SKB writes that describe the allocation, ordered with the publications."""
         return self._put(None, writes, what)
 
-    def _put(self, pub: Publication | None, writes: Writes, what: str) -> asyncio.Future[bool]:
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Queued(pub, dict(writes), what, done))
+    async def join(self, joining: Joining) -> None:
+        """Admit a newcomer in the publisher's order: its plan is adopted on the epoch state of
+        that moment, and the registration's writes and the publication's facts go in one SKB
+        transaction.  Raises the write's SKBError after ``joining.undo()`` (nothing changed);
+        returns once the newcomer's first allocation is announced.  The caller holds the
+        allocation lock (no other plan is adopted meanwhile)."""
+        done = self._put(None, {}, f"admitting task {joining.task.name}", joining)
+        follow_up = await asyncio.shield(done)  # a cancelled caller does not undo a commit
+        if follow_up is not None:
+            await asyncio.shield(follow_up)
+
+    def _put(self, pub: Publication | None, writes: Writes, what: str,
+             join: Joining | None = None) -> asyncio.Future[Any]:
+        done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._queue.put_nowait(_Queued(pub, dict(writes), what, done, join))
         return done
 
     async def _loop(self) -> None:
@@ -152,6 +188,9 @@ class Publisher:
             item = await self._queue.get()
             if item is None:
                 return
+            if item.join is not None:
+                await self._joined(item)
+                continue
             ok = False
             try:
                 if item.pub is None:
@@ -176,13 +215,7 @@ class Publisher:
 
     async def _carry_out(self, pub: Publication, writes: Writes, what: str) -> bool:
         """Pins first, then the SKB, then the upcalls: a query sent after an upcall sees its allocation."""
-        for name, cores in pub.repin.items():
-            task = self.registry.tasks.get(name)
-            if task is not None:
-                if self.pinning.pin(task, cores) and task.deployment is not None:
-                    self.after_pin(task)  # apply() gave every thread the whole set
-            elif name in self.groups:
-                self.pinning.pin_group(self.groups[name], cores)
+        self._pin(list(pub.repin), pub.repin)
         self._arm_deadline(pub.next_deadline)
         if pub.empty:
             ok = await self._write(writes, what)
@@ -190,12 +223,113 @@ class Publisher:
             # A failed write is logged; the allocation stands and is announced.
             ok = await self._write({**allocation_facts(pub.epoch, pub.holdings), **writes}, what)
             self._announce(pub)
+        self._after_publication()
+        return ok
+
+    # ---- a newcomer joins (Publisher.join) -----------------------------------------------------
+    async def _joined(self, item: _Queued) -> None:
+        joining = item.join
+        assert joining is not None
+        outcome = None
+        try:
+            outcome = await self._join(joining)
+        except Exception as err:
+            if not joining.committed:
+                self._undo(joining)
+                if not item.done.done():
+                    item.done.set_exception(err)
+                return
+            log.exception("%s", item.what)  # admitted: only announcing it failed (as in _carry_out)
+        except BaseException:  # the publisher is stopped in the middle of it
+            if not joining.committed:
+                self._undo(joining)
+            item.done.cancel()
+            raise
+        if not item.done.done():
+            item.done.set_result(outcome)
+
+    @staticmethod
+    def _undo(joining: Joining) -> None:
+        try:
+            joining.undo()
+        except Exception:
+            log.exception("undoing the admission of %s", joining.task.name)
+
+    async def _join(self, joining: Joining) -> asyncio.Future[Any] | None:
+        """Pins, then one SKB transaction (the registration's writes and the publication's facts),
+        then the commit and the upcalls.  Returns the publication still to await, if any."""
+        assert joining.plan.cores is not None
+        name = joining.task.name
+        base = self.state
+        joined, pub = epochs.adopt(epochs.add_task(base, name), joining.plan.cores, self.now(),
+                                   self.cfg.revoke_deadline_s, joining.reason)
+        pub, writes, keep = joining.adoption(joining.plan, pub)
+        # The epoch is reserved: an event meanwhile (an acknowledgement, a deadline, a task
+        # leaving) numbers its publication after the one this transaction writes.
+        reserved = dataclasses.replace(base, epoch=joined.epoch)
+        self.state = reserved
+        repinned = self._pin_joining(pub, joining)
+        facts = writes if pub.empty else {**allocation_facts(pub.epoch, pub.holdings), **writes}
+        try:
+            results = await self.skb.batch([*joining.ops, *([codec.replace_many(facts)] if facts else [])])
+        except BaseException:
+            if self.state is reserved:
+                self.state = base
+            self._pin_back(repinned)
+            raise
+        keep()
+        joining.committed = True
+        joining.commit(results)
+        if self.state is not reserved:
+            # An event moved cores during the write: adopt on the state as it is now, behind the
+            # publications it queued (their epochs come before this one).
+            self._pin_back(repinned)
+            self.state, pub = epochs.adopt(epochs.add_task(self.state, name), joining.plan.cores, self.now(),
+                                           self.cfg.revoke_deadline_s, joining.reason)
+            self.last_plan = joining.plan
+            pub, writes, keep = joining.adoption(joining.plan, pub)
+            keep()
+            return self.publish(pub, already_pinned={name: joining.pinned} if joining.pinned else None,
+                                writes=writes)
+        self.state = joined
+        self.last_plan = joining.plan
+        self._arm_deadline(pub.next_deadline)
+        if not pub.empty:
+            self._announce(pub)
+        self._after_publication()
+        return None
+
+    def _pin_joining(self, pub: Publication, joining: Joining) -> list[str]:
+        """Pin what ``pub`` moves before its facts are written; returns the others pinned."""
+        others = []
+        for name, cores in pub.repin.items():
+            if name == joining.task.name:
+                if cores != joining.pinned and self.pinning.pin(joining.task, cores):
+                    joining.pinned = cores
+                continue
+            others.append(name)
+        self._pin(others, pub.repin)
+        return others
+
+    def _pin_back(self, names: list[str]) -> None:
+        """Pin ``names`` to what the epoch state gives them now (a join's pins not kept)."""
+        self._pin(names, self.state.holdings())
+
+    def _pin(self, names: list[str], cores_of: Mapping[str, tuple[int, ...]]) -> None:
+        for name in names:
+            task = self.registry.tasks.get(name)
+            if task is not None:
+                if self.pinning.pin(task, cores_of.get(name, ())) and task.deployment is not None:
+                    self.after_pin(task)  # apply() gave every thread the whole set
+            elif name in self.groups:
+                self.pinning.pin_group(self.groups[name], cores_of.get(name, ()))
+
+    def _after_publication(self) -> None:
         for hook in self.on_published:
             try:
                 hook()
             except Exception:
                 log.exception("after publishing an allocation")
-        return ok
 
     def _announce(self, pub: Publication) -> None:
         self.last_announce_ns = time.monotonic_ns()

@@ -69,6 +69,35 @@ def test_one_arrival_or_departure_against_the_oracle(inst, data):
         assert again.status == r.status
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(instances(), st.data())
+def test_repair_answers_as_allocate_does_or_not_at_all(inst, data):
+    """``repair`` (the daemon runs it on its event loop) gives allocate's answer when the repair
+    is proven, and otherwise None, remembering nothing: allocate then answers as it would have."""
+    m, tasks, unavailable, view = inst
+    assume(len(tasks) >= 2)
+    leaving = data.draw(st.booleans())
+    before = tasks if leaving else tasks[:-1]
+    after = [t for t in tasks if t is not tasks[0]] if leaving else tasks
+    allocator = Allocator(m)
+    first = allocator.allocate(before, unavailable=unavailable)
+    assume(first.status != "infeasible")
+    published = first.as_mapping()
+    twin = allocator.fork()
+    expected = twin.allocate(after, published, unavailable=unavailable)
+    repaired = allocator.repair(after, published, unavailable=unavailable)
+    if repaired is None:
+        assert not expected.via.startswith("incremental") or expected.status != "optimal", expected.via
+        r = allocator.allocate(after, published, unavailable=unavailable)
+        assert (r.as_mapping(), r.status, r.via) == (expected.as_mapping(), expected.status, expected.via)
+    else:
+        assert repaired.status == "optimal" and repaired.via.startswith("incremental")
+        assert (repaired.as_mapping(), repaired.via) == (expected.as_mapping(), expected.via)
+        check(view, after, published, repaired)
+        # remembered as allocate remembers: nothing changed is "unchanged"
+        assert allocator.allocate(after, repaired.as_mapping(), unavailable=unavailable).via == "unchanged"
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(instances(), st.data())
 def test_a_newcomer_process_through_the_allocator(inst, data):

@@ -120,6 +120,7 @@ def test_the_planner_repairs_one_arrival_and_one_departure():
             assert first.status == "optimal" and first.proof.startswith("incremental"), first.proof
             both = await runner.run([db, web], first.cores)
             assert both.status == "optimal" and both.proof == "incremental: newcomer at its best", both.proof
+            assert runner._busy is None  # proven repairs ran on the event loop, not in the worker thread
             assert both.cores["db"] == first.cores["db"] and len(both.cores["web"]) == 6
             alone = await runner.run([db], {"db": both.cores["db"]})
             full = allocate(m, [db], {"db": both.cores["db"]})

@@ -25,6 +25,7 @@ def test_a_process_registering_is_never_recorded_as_a_busy_process(tmp_path):
     from cod.rm.enforce import NullEnforcer
 
     child = subprocess.Popen(["sleep", "60"])
+    stranger = subprocess.Popen(["sleep", "60"])  # busy, and nobody registers it
 
     async def scenario():
         cfg = build_config(socket=str(tmp_path / "rm.sock"), machine="shanghai", busy_detect=False)
@@ -52,12 +53,18 @@ def test_a_process_registering_is_never_recorded_as_a_busy_process(tmp_path):
             await asyncio.wait_for(writing.wait(), 30)
             assert rm.find_task("db") is None, "the task is not registered before its SKB write"
             assert child.pid in rm.managed_pids(), "a process whose registration is under way is the RM's"
-            # The detector's sample from before the registration, delivered now.
-            stale = {child.pid: OtherTask(child.pid, "sleep", 1.0, (0,))}
-            await rm.busy_changed(stale, "a busy process appeared")
+            # The detector's sample from before the registration, delivered now.  It is recorded at
+            # once; its SKB write waits behind the registration's in the publisher's queue.
+            stale = {child.pid: OtherTask(child.pid, "sleep", 1.0, (0,)),
+                     stranger.pid: OtherTask(stranger.pid, "sleep", 1.0, (1,))}
+            changed = asyncio.create_task(rm.busy_changed(stale, "a busy process appeared"))
+            await asyncio.sleep(0)
+            assert stranger.pid in rm.demands.busy(), "the sample was recorded"
             assert child.pid not in rm.demands.busy()
             go_on.set()
             assert "result" in await reply
+            await asyncio.wait_for(changed, 30)
+            assert child.pid not in rm.demands.busy()
             await rm.busy_changed(stale, "a busy process appeared")  # and once it is registered
             assert child.pid not in rm.demands.busy()
             assert child.pid in rm.managed_pids()
@@ -72,5 +79,6 @@ def test_a_process_registering_is_never_recorded_as_a_busy_process(tmp_path):
     try:
         asyncio.run(scenario())
     finally:
-        child.kill()
-        child.wait()
+        for p in (child, stranger):
+            p.kill()
+            p.wait()

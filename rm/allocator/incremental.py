@@ -97,6 +97,23 @@ class Allocator:
             out = self._incremental(req, start + limit)
         if out is None:
             out = solve(req, self.solver, max(0.001, limit - (time.perf_counter() - start)))
+        return self._remember(req, out, start, explain)
+
+    def repair(self, tasks: Sequence[TaskSpec], current: Mapping[str, Sequence[int]] | None = None, *,
+               others: Sequence[OtherDemand] = (), unavailable: Iterable[int] = (),
+               explain: bool = True) -> AllocationResult | None:
+        """:meth:`allocate`'s answer when the incremental repair proves it (no solve runs, so
+        this is cheap and bounded: the daemon calls it on its event loop); None, and nothing
+        remembered, when only the full solve could answer (call :meth:`allocate` then)."""
+        if self.solver != "cpsat" or self._last is None:
+            return None
+        start = time.perf_counter()
+        req = prepare(self.machine, tasks, current, others, unavailable)
+        out = self._incremental(req, None)
+        return None if out is None else self._remember(req, out, start, explain)
+
+    def _remember(self, req: Request, out: "_Incremental | Outcome", start: float, explain: bool) -> AllocationResult:
+        """``out`` becomes the last answer (when it is an allocation); the result of the call."""
         if out.alloc is not None:
             state = out.state if isinstance(out, _Incremental) else _State.of(req.view, req.everyone, out.alloc)
             self._last = _Published(req.view, {t.name: t for t in req.everyone}, dict(req.current),
@@ -139,7 +156,9 @@ class Allocator:
 
     # ---- the incremental path ------------------------------------------------------------
 
-    def _incremental(self, req: Request, deadline: float) -> "_Incremental | None":
+    def _incremental(self, req: Request, deadline: float | None) -> "_Incremental | None":
+        """The repaired answer, or None when the full solve must answer.  ``deadline`` None:
+        an unproven repair is not finished by a solve here (None is returned)."""
         last = self._last
         if req.view is not last.view:
             return None
@@ -189,6 +208,8 @@ class Allocator:
             return _Incremental(Outcome(alloc, None, "optimal", "cpsat", via="incremental = waterfill bound"), st)
         # unproven (a repair within 1 % of the bound is not taken: it would differ from the full
         # solve's answer): the full solve in the time left, the better of the two
+        if deadline is None:
+            return None
         full = solve(req, "cpsat", max(0.001, deadline - time.perf_counter()))
         if full.alloc is not None and objective(view, tasks, full.alloc, req.current) >= value:
             return _Incremental(full, _State.of(view, tasks, full.alloc))
