@@ -64,6 +64,18 @@ class BusyPolicy:
         eighth of a core each (a quarter of the threshold, the old gate) and were never seen."""
         return use > 0
 
+    def worth_a_wait_baseline(self, cores_over_its_life: float, age_seconds: float) -> bool:
+        """A process first seen that used at least half the threshold over its life, or is too
+        young (under a second) for its life to tell: its threads are read at once (a baseline
+        for their wait), so its first sample is not CPU time alone."""
+        return age_seconds < 1.0 or cores_over_its_life >= self.threshold / 2
+
+    def demand_hidden(self, idle_cores: float, runnable: int, cpus: int) -> bool:
+        """A machine with no idle time to speak of and more threads runnable than CPUs: CPU time
+        cannot tell who wants more (at ten threads a CPU, a spinner gets a tenth of a core), so
+        every process is scanned for its wait; a machine one busy task keeps exactly full is not."""
+        return idle_cores < self.threshold and runnable > cpus > 0
+
     def worth_scanning(self, unexplained_cores: float) -> bool:
         """CPU time nobody known explains: enough to scan every process."""
         return unexplained_cores >= self.threshold

@@ -148,3 +148,75 @@ def test_full_scan_only_when_cpu_time_is_unexplained(tmp_path, spawn, other_tick
         busy += 50 + extra
     assert det.scans == scans
     assert seen == [[other] if r else [] for r in reported]
+
+
+# ---- what a thread wanted, from two readings (schedstat adds a wait only when the thread next runs) ----
+
+def sched(run_ms: int, delay_ms: int, runnable: bool = True, voluntary: int = 0):
+    from cod.rm.enforce.procfs import ThreadSched
+    return ThreadSched(run_ms * 10**6, delay_ms * 10**6, runnable, voluntary)
+
+
+MS = 10**6
+
+
+@pytest.mark.parametrize("old,new,wanted_ms", [
+    # starved the whole sample: runnable at both readings, never blocked, no CPU and no wait yet
+    # in schedstat (measured at ten spinners a CPU): it wanted all 100 ms, not 0
+    ({1: sched(40, 300)}, {1: sched(40, 300)}, 100),
+    # a spinner that ran 4 ms and had 140 ms of wait added (part of it from the sample before):
+    # still runnable and never blocked, so exactly the sample
+    ({1: sched(40, 300)}, {1: sched(44, 440)}, 100),
+    # it blocked in between (a voluntary switch): what schedstat says
+    ({1: sched(40, 300)}, {1: sched(50, 320, voluntary=1)}, 30),
+    # asleep at either reading: what schedstat says, at most the sample
+    ({1: sched(40, 300, runnable=False)}, {1: sched(50, 320)}, 30),
+    ({1: sched(40, 300)}, {1: sched(90, 500, runnable=False, voluntary=1)}, 100),
+    ({1: sched(40, 300, False)}, {1: sched(40, 300, False)}, 0),
+    # a thread born since the last reading is its baseline; one gone counts nothing
+    ({1: sched(40, 300)}, {1: sched(40, 300), 2: sched(5, 5)}, 100),
+    ({1: sched(40, 300), 2: sched(5, 5)}, {2: sched(5, 5, False, 1)}, 0),
+    # two starved spinners: two cores
+    ({1: sched(1, 1), 2: sched(1, 1)}, {1: sched(1, 1), 2: sched(3, 90)}, 200),
+])
+def test_what_threads_wanted_between_two_readings(old, new, wanted_ms):
+    from cod.rm.enforce.busy import wanted_ns
+    assert wanted_ns(old, new, 100 * MS) == wanted_ms * MS
+
+
+def test_machine_stat_gives_cpus_and_runnable_threads():
+    from cod.rm.enforce.busy import machine_runnable, machine_ticks
+    stat = (b"cpu  10 1 4 100 5 0 0 0 0 0\ncpu0 5 0 2 50 0 0 0 0 0 0\ncpu1 5 1 2 50 5 0 0 0 0 0\n"
+            b"intr 1\nctxt 5\nprocs_running 9\nprocs_blocked 0\n")
+    assert machine_ticks(stat) == (15, 105) and machine_runnable(stat) == (2, 9)
+    assert machine_runnable(b"cpu  1 0 0 1 0 0 0 0\ncpu0 1 0 0 1 0 0 0 0\n") == (1, 0)  # no procs_running
+
+
+@pytest.mark.parametrize("idle,runnable,cpus,hidden", [
+    (0.0, 9, 2, True),  # saturated, more runnable than CPUs: CPU time hides who wants more
+    (0.0, 2, 2, False),  # exactly full: every runnable thread has its CPU
+    (1.0, 9, 2, False),  # idle time left: a hog gets what it wants, CPU time tells
+    (0.0, 0, 0, False),  # a /proc/stat without the figures
+])
+def test_demand_is_hidden_only_on_a_saturated_machine(idle, runnable, cpus, hidden):
+    from cod.rm.busy import BusyPolicy
+    assert BusyPolicy(threshold=0.5).demand_hidden(idle, runnable, cpus) is hidden
+
+
+@pytest.mark.parametrize("cores,age,read", [(0.3, 60.0, True), (0.2, 60.0, False), (0.0, 0.5, True), (0.0, 5.0, False)])
+def test_wait_baseline_for_processes_busy_over_their_life_or_young(cores, age, read):
+    from cod.rm.busy import BusyPolicy
+    assert BusyPolicy(threshold=0.5).worth_a_wait_baseline(cores, age) is read
+
+
+def test_thread_sched_reads_schedstat_state_and_voluntary_switches(tmp_path):
+    from cod.rm.enforce import procfs
+    task = tmp_path / "7" / "task"
+    for tid, state, vol in [(7, "S", 12), (8, "R", 0)]:
+        (task / str(tid)).mkdir(parents=True)
+        (task / str(tid) / "schedstat").write_text(f"{tid * 1000} {tid * 10} 4\n")
+        (task / str(tid) / "stat").write_text(f"{tid} (a b) c) {state} 1 " + "0 " * 40 + "\n")
+        (task / str(tid) / "status").write_text(f"Name:\tx\nvoluntary_ctxt_switches:\t{vol}\nnonvoluntary_ctxt_switches:\t99\n")
+    assert procfs.threads_sched(7, str(tmp_path)) == {
+        7: procfs.ThreadSched(7000, 70, False, 12), 8: procfs.ThreadSched(8000, 80, True, 0)}
+    assert procfs.threads_sched(9, str(tmp_path)) == {} and procfs.thread_sched(7, 9, str(tmp_path)) is None

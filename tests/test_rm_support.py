@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cod.protocol.framing import FrameDecoder, encode
+from helpers.waiting import load_scaled
 
 COD = [sys.executable, "-m", "cod.cli.main"]
 
@@ -33,7 +34,8 @@ class Daemon:
         self.logf = open(self.log, "ab")
         self.proc = subprocess.Popen(COD + ["rm", "--socket", str(self.path), *self.args],
                                      stdout=self.logf, stderr=self.logf)
-        deadline = time.monotonic() + timeout
+        budget = load_scaled(timeout)
+        deadline = time.monotonic() + budget
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"daemon exited with {self.proc.returncode}: {self.log.read_text()}")
@@ -44,7 +46,10 @@ class Daemon:
                 return self
             except OSError:
                 time.sleep(0.05)
-        raise RuntimeError(f"daemon did not start: {self.log.read_text()}")
+        self.proc.kill()  # not left running behind the failed test (daemons leaked so, each with its engine)
+        self.proc.wait()
+        self.logf.close()
+        raise RuntimeError(f"daemon did not start in {budget:.0f} s: {self.log.read_text()}")
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         assert self.proc is not None

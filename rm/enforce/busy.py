@@ -7,7 +7,12 @@ Registered pids, this process and kernel threads are never reported.
 
 Use counts the time a process *wanted* a CPU, not only the time it got one:
 its threads' run-queue wait (``/proc/PID/task/TID/schedstat``) is added to
-its CPU time.  Three spinners sharing one CPU each get a third of it, under
+its CPU time, and a thread that was runnable at both ends of a sample and never
+blocked in between (no voluntary context switch) wanted a CPU the whole sample
+(:func:`wanted_ns`): the kernel adds a wait to schedstat only when the thread
+next gets a CPU, so a spinner starved for a whole sample (ten runnable threads
+a CPU) shows neither CPU time nor wait there, and half its samples fell under
+the threshold.  Three spinners sharing one CPU each get a third of it, under
 the threshold, yet each wants a whole core; counting only CPU time, the RM
 would never see them and would forget a hog once newcomers share its CPU.
 The wait is read only for a process that ran at all since the last sample,
@@ -58,14 +63,48 @@ class _Track:
     at: float
     busy_run: int = 0  # consecutive samples at or above the threshold
     recent: list[float] = field(default_factory=list)
-    wait_ns: int | None = None  # run-queue wait of its threads at ``at`` (read only when it uses CPU)
+    threads: dict[int, procfs.ThreadSched] | None = None  # its threads at ``at`` (read once it used CPU)
+
+
+def wanted_ns(old: dict[int, procfs.ThreadSched], new: dict[int, procfs.ThreadSched], dt_ns: int) -> int:
+    """Nanoseconds the threads in both readings (``dt_ns`` apart) ran or waited for a CPU.
+
+    One runnable at both readings that never blocked in between wanted a CPU for all of
+    ``dt_ns``, whatever schedstat says yet (its wait is added there when it next runs);
+    any other ran and waited what schedstat says, at most ``dt_ns``."""
+    total = 0
+    for tid, now in new.items():
+        was = old.get(tid)
+        if was is None:
+            continue  # started since: its baseline
+        if was.runnable and now.runnable and now.voluntary == was.voluntary:
+            total += dt_ns
+        else:
+            total += min(dt_ns, max(0, now.run_ns - was.run_ns + now.delay_ns - was.delay_ns))
+    return total
 
 
 def machine_busy_ticks(stat: bytes) -> int:
     """Busy ticks of all CPUs together (first line of /proc/stat, idle and iowait excluded)."""
+    return machine_ticks(stat)[0]
+
+
+def machine_ticks(stat: bytes) -> tuple[int, int]:
+    """(busy, idle) ticks of all CPUs together (first line of /proc/stat; iowait is idle)."""
     line = stat.split(b"\n", 1)[0].split()
     values = [int(v) for v in line[1:9]]  # user nice system idle iowait irq softirq steal
-    return sum(values) - values[3] - values[4]
+    return sum(values) - values[3] - values[4], values[3] + values[4]
+
+
+def machine_runnable(stat: bytes) -> tuple[int, int]:
+    """(CPUs, threads runnable now) from /proc/stat (``cpuN`` lines, ``procs_running``; 0 if absent)."""
+    cpus = running = 0
+    for line in stat.split(b"\n"):
+        if line[:3] == b"cpu" and line[3:4].isdigit():
+            cpus += 1
+        elif line.startswith(b"procs_running "):
+            running = int(line.split()[1])
+    return cpus, running
 
 
 class BusyDetector:
@@ -90,16 +129,19 @@ class BusyDetector:
         self._tracks: dict[int, _Track] = {}  # every process, while scanning
         self._hogs: dict[int, _Track] = {}  # reported hogs, followed without scanning
         self._known: dict[int, _Track] = {}  # registered pids and this process
-        self._machine: tuple[int, float] | None = None
+        self._machine: tuple[int, int, float] | None = None  # busy and idle ticks, when
         self.scans = 0  # full scans done (for tests and benchmarks)
         self.scan_cpu_seconds = 0.0  # CPU time they took (benchmarks)
 
-    def _unexplained(self, now: float, skip: set[int]) -> float:
-        """Cores of CPU time since the last sample that registered tasks and we did not use."""
+    def _unexplained(self, now: float, skip: set[int]) -> tuple[float, bool]:
+        """Cores of CPU time since the last sample that registered tasks and we did not use, and
+        whether the machine was saturated with more threads runnable than CPUs: there CPU time
+        hides demand (a starved hog gets under the threshold however much it wants)."""
         machine = self._kept.read(f"{self.proc}/stat")
         if machine is None:
             raise EnforceError(f"cannot read {self.proc}/stat")
-        total = machine_busy_ticks(machine)
+        total, idle = machine_ticks(machine)
+        cpus, running = machine_runnable(machine)
         explained = 0
         known: dict[int, _Track] = {}
         paths = {pid: f"{self.proc}/{pid}/stat" for pid in skip}
@@ -114,10 +156,12 @@ class BusyDetector:
                 explained += ticks - old.ticks
             known[pid] = _Track(start, ticks, now)
         self._known = known
-        prev, self._machine = self._machine, (total, now)
-        if prev is None or now <= prev[1]:
-            return 0.0
-        return (total - prev[0] - explained) / CLK_TCK / (now - prev[1])
+        prev, self._machine = self._machine, (total, idle, now)
+        if prev is None or now <= prev[2]:
+            return 0.0, False
+        dt = now - prev[2]
+        hidden = self.policy.demand_hidden((idle - prev[1]) / CLK_TCK / dt, running - 1, cpus)  # -1: us
+        return (total - prev[0] - explained) / CLK_TCK / dt, hidden
 
     def _follow_hogs(self, now: float, skip: set[int]) -> list[tuple[int, _Track]]:
         """Re-read the hogs already reported; one stays reported until it has been below half
@@ -140,14 +184,23 @@ class BusyDetector:
         return list(still.items())
 
     def _use(self, pid: int, old: _Track, new: _Track) -> float:
-        """Cores ``pid`` used or waited for between ``old`` and ``new`` (sets ``new.wait_ns``)."""
+        """Cores ``pid`` used or waited for between ``old`` and ``new`` (sets ``new.threads``):
+        its CPU time, or more when its threads say they wanted more (:func:`wanted_ns`)."""
         dt = new.at - old.at
         use = (new.ticks - old.ticks) / CLK_TCK / dt
-        if old.wait_ns is not None or self.policy.worth_reading_wait(use):
-            new.wait_ns = procfs.schedstat_delay_ns(pid, self.proc)
-            if new.wait_ns is not None and old.wait_ns is not None and new.wait_ns >= old.wait_ns:
-                use += (new.wait_ns - old.wait_ns) / 1e9 / dt
+        if old.threads is not None or self.policy.worth_reading_wait(use):
+            new.threads = procfs.threads_sched(pid, self.proc)
+            if old.threads is not None:
+                use = max(use, wanted_ns(old.threads, new.threads, round(dt * 1e9)) / 1e9 / dt)
         return use
+
+    def _baseline_threads(self, pid: int, tr: _Track) -> None:
+        """Read the threads of a process seen for the first time when it has been busy over its
+        life: its first sample then counts the wait of its threads, not only the CPU time they got
+        (a hog sharing its CPUs with ten others gets a tick or none in a sample)."""
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) * CLK_TCK - tr.start  # ticks
+        if self.policy.worth_a_wait_baseline(tr.ticks / max(age, 1), age / CLK_TCK):
+            tr.threads = procfs.threads_sched(pid, self.proc)
 
     def close(self) -> None:
         self._kept.close()
@@ -159,9 +212,9 @@ class BusyDetector:
         skip.add(self.me)
         hot = self._follow_hogs(now, skip)
         # Hogs already reported explain their own CPU time, so they do not keep us scanning.
-        unexplained = self._unexplained(now, skip | set(self._hogs))
+        unexplained, hidden = self._unexplained(now, skip | set(self._hogs))
         watching = any(t.busy_run for t in self._tracks.values())
-        if not (self.always_scan or watching or self.policy.worth_scanning(unexplained)):
+        if not (self.always_scan or watching or hidden or self.policy.worth_scanning(unexplained)):
             self._tracks = {}  # stale baselines would average over the quiet time
             return self._report(hot)
         self.scans += 1
@@ -185,7 +238,10 @@ class BusyDetector:
             old = self._tracks.get(pid)
             tr = _Track(start, ticks, now)
             tracks[pid] = tr
-            if old is None or old.start != start or now <= old.at:
+            if old is None or old.start != start:
+                self._baseline_threads(pid, tr)
+                continue
+            if now <= old.at:
                 continue
             use = self._use(pid, old, tr)
             if self.policy.hot(use):
@@ -193,7 +249,7 @@ class BusyDetector:
                 tr.recent = (old.recent + [use])[-self.window:]
                 if self.policy.reported(tr.busy_run):
                     hot.append((pid, tr))
-                    self._hogs[pid] = _Track(start, ticks, now, 0, list(tr.recent), tr.wait_ns)
+                    self._hogs[pid] = _Track(start, ticks, now, 0, list(tr.recent), tr.threads)
                     self._known[pid] = _Track(start, ticks, now)  # explained from the next sample
                     del tracks[pid]
         self._tracks = tracks

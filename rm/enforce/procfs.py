@@ -173,6 +173,36 @@ def thread_cpu_ticks(pid: int, tid: int, proc: str = PROC) -> int | None:
     return int(rest[11]) + int(rest[12])
 
 
+@dataclass(frozen=True)
+class ThreadSched:
+    """What the busy detector reads of one thread to tell how long it wanted a CPU."""
+
+    run_ns: int  # on a CPU since it started (schedstat field 1)
+    delay_ns: int  # waited on a run queue (schedstat field 2): added only when it next gets a CPU
+    runnable: bool  # state R when read (running or waiting for a CPU)
+    voluntary: int  # voluntary context switches: the times it blocked (status)
+
+
+def thread_sched(pid: int, tid: int, proc: str = PROC) -> ThreadSched | None:
+    """:class:`ThreadSched` of thread ``tid`` (its schedstat, stat and status); None if it exited."""
+    base = f"{proc}/{pid}/task/{tid}"
+    try:
+        run, delay = (int(v) for v in read_small(f"{base}/schedstat").split()[:2])
+        state = _after_comm(read_small(f"{base}/stat"))[0]
+        status = read_small(f"{base}/status")
+        at = status.index(b"\nvoluntary_ctxt_switches:") + len(b"\nvoluntary_ctxt_switches:")
+        voluntary = int(status[at:status.index(b"\n", at)])
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        return None
+    return ThreadSched(run, delay, state == b"R", voluntary)
+
+
+def threads_sched(pid: int, proc: str = PROC) -> dict[int, ThreadSched]:
+    """:class:`ThreadSched` of each live thread of ``pid``; {} when it is gone."""
+    got = {tid: thread_sched(pid, tid, proc) for tid in thread_ids(pid, proc)}
+    return {tid: s for tid, s in got.items() if s is not None}
+
+
 def schedstat_delay_ns(pid: int, proc: str = PROC) -> int | None:
     """Run-queue wait of ``pid``'s live threads (``/proc/PID/task/TID/schedstat`` field 2)."""
     tids = thread_ids(pid, proc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, TypeVar
 
@@ -19,3 +20,11 @@ def wait_until(check: Callable[[], T], timeout: float = 5.0, what: str = "condit
             return got
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(interval)
+
+
+def load_scaled(seconds: float) -> float:
+    """A time budget for work that needs CPU (a daemon's start-up: ~1 s of CPU for the daemon and as
+    much for its engine), stretched by how oversubscribed the machine is (1-minute load average per
+    CPU, at least 1): at load 28 on 2 CPUs a process gets ~1/14 of a CPU and a start-up that takes
+    4 s at load 12 took over 20 s.  On a quiet machine the budget is ``seconds`` unchanged."""
+    return seconds * max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
