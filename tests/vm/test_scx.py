@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import time
 
@@ -130,34 +131,71 @@ def test_under_cpuset_the_same_newcomer_runs_on_reserved_cpus(topo, tmp_path, sp
         enf.close()
 
 
+REALLOCATIONS = 10
+SETTLE_S = 0.5
+
+
+def arrivals(moves: list, t0: int, t_end: int, lost, new) -> tuple[dict, list]:
+    """Per thread, when it first ran on a CPU of ``new`` in [t0, t_end); and the moves back to a
+    CPU of ``lost`` after a thread had arrived (none allowed)."""
+    arrived, late = {}, []
+    for ns, cpu, th in sorted(moves):
+        if not t0 < ns < t_end:
+            continue
+        if cpu in new and th not in arrived:
+            arrived[th] = ns
+        elif th in arrived and cpu in lost:
+            late.append((ns, cpu, th))
+    return arrived, late
+
+
 def test_a_reallocation_is_a_map_update(topo, loader, enforcer, percpu):
+    # A task with a spinning thread per CPU moves between the two halves of the machine
+    # REALLOCATIONS times; each move is timed from apply's return (the map writes and the
+    # kick done) to the last thread's first run on its new CPUs, as the threads see it.
     first, second = reserved_and_free(topo)
-    proc = subprocess.Popen([percpu, str(len(first)), "4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    halves = [first, second]
+    seconds = 1.0 + REALLOCATIONS * SETTLE_S + 1.0
+    proc = subprocess.Popen([percpu, str(len(first)), str(seconds)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    marks = []
     try:
         assert proc.stderr.readline().strip() == "ready"
         enforcer.apply("db", [proc.pid], first, [topo.nodes - 1])
         time.sleep(1.0)
-        t0 = time.monotonic_ns()
-        enforcer.apply("db", [proc.pid], second, [0])
-        t1 = time.monotonic_ns()
+        for i in range(REALLOCATIONS):
+            new = halves[(i + 1) % 2]
+            t0 = time.monotonic_ns()
+            enforcer.apply("db", [proc.pid], new, [0])
+            marks.append((t0, time.monotonic_ns()))
+            time.sleep(SETTLE_S)
         result = json.loads(proc.communicate(timeout=120)[0])
     finally:
         proc.kill()
         proc.wait()
-    # Per thread: when it first ran on its new CPUs after the update began, and whether it
-    # went back to a CPU the task lost after that.
     threads = {th for _ns, _cpu, th in result["moves"]}
-    arrived, late = {}, []
-    for ns, cpu, th in sorted(result["moves"]):
-        if ns > t0 and cpu in second and th not in arrived:
-            arrived[th] = ns
-        elif th in arrived and cpu in first:
-            late.append((ns, cpu, th))
-    assert set(arrived) == threads, f"threads {threads - set(arrived)} never ran on their new CPUs"
-    worst_us = (max(arrived.values()) - t1) / 1e3
-    print(f"\nscx_cod: reallocation of {len(threads)} spinning threads: the map update took {(t1 - t0) / 1e3:.0f} us; "
-          f"the last thread ran on its new CPUs {worst_us:.0f} us after it returned (negative: before)")
-    assert not late, f"threads ran on the CPUs they lost after the update: {late[:5]}"
+    after_us, apply_us, failures = [], [], []
+    for i, (t0, t1) in enumerate(marks):
+        lost, new = halves[i % 2], halves[(i + 1) % 2]
+        t_end = marks[i + 1][0] if i + 1 < len(marks) else 1 << 62
+        arrived, late = arrivals(result["moves"], t0, t_end, lost, new)
+        apply_us.append(round((t1 - t0) / 1e3))
+        if set(arrived) != threads:
+            failures.append(f"move {i}: threads {threads - set(arrived)} never ran on {new}")
+            after_us.append(float("inf"))
+        else:
+            after_us.append((max(arrived.values()) - t1) / 1e3)
+        if late:
+            trace = [((ns - t0) // 1000, cpu, th) for ns, cpu, th in sorted(result["moves"]) if t0 - 10**8 < ns < t_end]
+            failures.append(f"move {i} to {new} (apply {apply_us[-1]} us): threads ran on the CPUs they lost after "
+                            f"arriving on their new ones: {late[:5]}; (us from apply, cpu, thread): {trace[:40]}")
+    print(f"\nscx_cod: {REALLOCATIONS} reallocations of {len(threads)} spinning threads: apply (map writes "
+          f"and kick) took {apply_us} us; the last thread ran on its new CPUs "
+          f"{[round(u) if u < float('inf') else 'never' for u in after_us]} us after apply returned "
+          f"(negative: before; never: not within {SETTLE_S} s); median {statistics.median(after_us):.0f} us, "
+          f"max {max(after_us):.0f} us; from apply's start: median "
+          f"{statistics.median(a + b for a, b in zip(after_us, apply_us)):.0f} us")
+    assert not failures, failures
 
 
 def test_killing_the_loader_falls_back_to_cpuset_and_a_new_loader_takes_over(topo, enforcer, spawn, percpu):
