@@ -25,9 +25,10 @@ import pytest
 from cod.rm.enforce import detect
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
 from cod.rm.enforce.procfs import cpus_allowed, thread_ids
-from cod.rm.enforce.scxmaps import scheduler_state
+from cod.rm.enforce.scxmaps import ScxMaps, scheduler_state
 from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
 from helpers.waiting import wait_until
+from rmguest import SLOW, connection, guest_daemon, result
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -259,3 +260,99 @@ def test_context_switch_cost_against_the_fair_scheduler(tmp_path):
     print(f"\npipe ping-pong, ns per round (best of 3): fair {min(fair):.0f}, scx_cod {min(scx):.0f}; "
           f"ratio {ratio:.2f}")
     assert min(scx) > 0 and min(fair) > 0
+
+
+# ---- the RM daemon itself (cod rm --enforce sched_ext) --------------------------------------------
+def group_of(maps: ScxMaps, pid: int) -> list[int] | None:
+    """The CPUs scx_cod gives process ``pid``'s group, or None when it is in no group."""
+    group = maps.tgids().get(pid)
+    return None if group is None else maps.group_cpus(group)
+
+
+@pytest.mark.timeout(3 * SLOW)
+def test_the_rm_daemon_enforces_through_scx_cod_and_falls_back_to_cpuset(topo, tmp_path, spawn, percpu):
+    # One daemon (it starts in tens of seconds under TCG) for the whole story: a registered task
+    # gets its CPUs in the scheduler's maps, a newcomer never runs on them, a reallocation moves
+    # the task off the CPU it lost, and killing the loader leaves a task confined by cpuset.
+    # No process is busy to the daemon (--busy-scope uids:65534): whatever keeps the newcomer
+    # off the reserved CPUs is the scheduler, not the busy detector.
+    ld = Loader()
+    maps = ScxMaps()
+    db = None
+    try:
+        with guest_daemon(tmp_path, "--enforce", "sched_ext", "--busy-scope", "uids:65534",
+                          "--revoke-deadline", "0.3") as rm, connection(rm, "scx") as c:
+            enforcement = result(c.call("get_topology"))["enforcement"]
+            assert enforcement["mode"] == "sched_ext", enforcement
+            assert enforcement["in_force"].startswith("sched_ext (scheduler scx_cod"), enforcement
+            # The registered task: percpu's two spinning threads, which record where they ran.
+            db = subprocess.Popen([percpu, "2", str(DB_RUN_S)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)
+            assert db.stderr.readline().strip() == "ready"
+            cores = result(c.call("register_task", {"name": "db", "pid": db.pid, "properties": {
+                "min_cores": 2, "max_cores": 2}}))["allocation"]["cores"]
+            assert len(cores) == 2, cores
+            wait_until(lambda: group_of(maps, db.pid) == sorted(cores), SLOW, f"db's group on CPUs {cores}")
+            registered = time.monotonic_ns()
+            assert maps.group_cpus(0) == [c for c in range(topo.cpus) if c not in cores]
+            newcomer = run_percpu(percpu, topo.cpus, RUN_S)
+            print(f"\ncod rm --enforce sched_ext: a newcomer with {topo.cpus} threads for {RUN_S} s: "
+                  f"{ms_on(newcomer, cores):.3f} ms on db's CPUs {cores}, {ms_on(newcomer, range(topo.cpus)):.0f} ms "
+                  f"in all")
+            assert ms_on(newcomer, cores) == 0, newcomer["ns_per_cpu"]
+            assert {cpus_allowed(db.pid, t) for t in thread_ids(db.pid)} == {tuple(range(topo.cpus))}
+
+            # The reallocation: db shrinks to one CPU, and its thread on the other leaves it.
+            result(c.call("update_task", {"task": "db", "properties": {"min_cores": 1, "max_cores": 1}}))
+            kept = wait_until(lambda: (g if (g := group_of(maps, db.pid)) and len(g) == 1 else None), SLOW,
+                              "db's group down to one CPU")
+            moved = time.monotonic_ns()
+            assert db.poll() is None, "db ended before the reallocation: DB_RUN_S is too short"
+            record = json.loads(db.communicate(timeout=DB_RUN_S + SLOW)[0])
+            lost = [c for c in cores if c not in kept]
+            left = left_at(record["moves"], lost)
+            print(f"cod rm: db reallocated from {cores} to {kept}: its threads left CPU {lost} "
+                  f"{(left - moved) / 1e3:.0f} us after the test saw the map change (negative: before)")
+            assert all(cpu in cores for ns, cpu, _th in record["moves"] if ns > registered + SLACK_NS), record["moves"]
+            assert left < moved + SLACK_NS, record["moves"]
+            # db has exited: the daemon drops the task (and its group) by itself.
+            wait_until(lambda: db.pid not in maps.tgids(), SLOW, "db's process out of scx_cod's maps")
+
+            # Killing the loader: the daemon falls back to cpuset within a live-state period or so.
+            spinner = spawn(2, "spin")
+            cpus = result(c.call("register_task", {"name": "db2", "pid": spinner.pid, "properties": {
+                "min_cores": 1, "max_cores": 1}}))["allocation"]["cores"]
+            wait_until(lambda: group_of(maps, spinner.pid) == sorted(cpus), SLOW, f"db2's group on CPUs {cpus}")
+            killed = time.monotonic()
+            ld.stop(signal.SIGKILL)
+            wait_until(lambda: "fallback cpuset" in result(c.call("get_topology"))["enforcement"]["in_force"],
+                       SLOW, "the daemon saying it fell back to cpuset", interval=0.2)
+            print(f"cod rm: the loader killed; the daemon said 'fallback cpuset' {time.monotonic() - killed:.1f} s "
+                  f"later (live-state period 1 s)")
+            assert {cpus_allowed(spinner.pid, t) for t in thread_ids(spinner.pid)} == {tuple(cpus)}
+            assert "falling back to cpuset" in rm.log_text()
+            result(c.call("deregister_task", {"task": "db2"}))
+    finally:
+        if db is not None:
+            db.kill()
+            db.wait()
+        maps.close()
+        ld.stop()
+
+
+DB_RUN_S = 40.0
+SLACK_NS = 500_000_000  # the test sees a map change some time after the daemon wrote it and kicked
+
+
+def left_at(moves: list, cpus) -> float:
+    """When the last thread left ``cpus`` for good (the time of its first record elsewhere after its
+    last one there; percpu's records are changes of CPU); 0 if none ran there, inf if one stayed."""
+    by_thread: dict[int, list] = {}
+    for ns, cpu, th in sorted(moves):
+        by_thread.setdefault(th, []).append((ns, cpu))
+    left = 0.0
+    for recs in by_thread.values():
+        there = [i for i, (_ns, cpu) in enumerate(recs) if cpu in cpus]
+        if there:
+            left = max(left, recs[there[-1] + 1][0] if there[-1] + 1 < len(recs) else float("inf"))
+    return left
