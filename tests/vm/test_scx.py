@@ -6,7 +6,8 @@ out by the scheduler, through the RM's sched_ext backend (cod.rm.enforce.scx), a
   the same newcomer under cpuset enforcement runs there (the figure for docs/design-enforce.md);
 * a reallocation is a map update: the task's threads leave the CPUs it lost (time printed);
 * killing the loader, and the kernel's ejection (SysRq-S), fall back to cpuset with the task
-  still confined, and a new loader takes the tasks back.
+  still confined, and a new loader takes the tasks back;
+* the RM daemon itself (cod rm --enforce sched_ext): the same story through the protocol.
 
 Figures are printed (pytest -s shows them); durations are not asserted (TCG is slow and shared).
 """
@@ -237,6 +238,7 @@ def test_the_kernels_ejection_falls_back_and_the_loader_says_why(topo, enforcer,
         ld.stop()
 
 
+@pytest.mark.timeout(900)  # six runs of 20,000 rounds: over the default 300 s at a host load of 30-55
 def test_context_switch_cost_against_the_fair_scheduler(tmp_path):
     # The scheduler's overhead where it matters most: two processes passing a byte (two
     # context switches a round), with the kernel's fair scheduler and with scx_cod, alternated.
@@ -280,8 +282,10 @@ def test_the_rm_daemon_enforces_through_scx_cod_and_falls_back_to_cpuset(topo, t
     maps = ScxMaps()
     db = None
     try:
-        with guest_daemon(tmp_path, "--enforce", "sched_ext", "--busy-scope", "uids:65534",
-                          "--revoke-deadline", "0.3") as rm, connection(rm, "scx") as c:
+        # query_timeout_s: the daemon's first SKB call (loading the machine) took over 7 s under
+        # TCG at a host load of 30-55 (its limit is query_timeout_s + the watchdog's grace).
+        with guest_daemon(tmp_path, "--enforce", "sched_ext", "--busy-scope", "uids:65534", "--revoke-deadline",
+                          "0.3", "--set", f"query_timeout_s={SLOW}") as rm, connection(rm, "scx") as c:
             enforcement = result(c.call("get_topology"))["enforcement"]
             assert enforcement["mode"] == "sched_ext", enforcement
             assert enforcement["in_force"].startswith("sched_ext (scheduler scx_cod"), enforcement
