@@ -143,16 +143,19 @@ void BPF_STRUCT_OPS(cod_enqueue, struct task_struct *p, u64 enq_flags)
 	u32 g, n = scx_bpf_nr_cpu_ids();
 	s32 cpu;
 
-	if (exempt(p)) {
-		stat_inc(COD_STAT_EXEMPT);
-		scx_bpf_dispatch(p, SCX_DSQ_GLOBAL, SCX_SLICE_DFL, enq_flags);
+	if (exempt(p) || !(m = mask_of(p, &g))) {
+		stat_inc(exempt(p) ? COD_STAT_EXEMPT : COD_STAT_UNBOUND);
+		/* The last runnable task of its CPU (SCX_OPS_ENQ_LAST) keeps running there. */
+		scx_bpf_dispatch(p, enq_flags & SCX_ENQ_LAST ? SCX_DSQ_LOCAL : SCX_DSQ_GLOBAL, SCX_SLICE_DFL, enq_flags);
 		return;
 	}
-	if (!(m = mask_of(p, &g))) {
-		stat_inc(COD_STAT_UNBOUND);
-		scx_bpf_dispatch(p, SCX_DSQ_GLOBAL, SCX_SLICE_DFL, enq_flags);
+	if ((enq_flags & SCX_ENQ_LAST) && in_mask(m, scx_bpf_task_cpu(p))) {
+		/* Its slice ended with nothing else to run here, and the CPU is still its group's. */
+		scx_bpf_dispatch(p, SCX_DSQ_LOCAL, SCX_SLICE_DFL, enq_flags);
 		return;
 	}
+	/* Queued on its group; with SCX_ENQ_LAST and a CPU its group lost, it leaves that CPU now
+	 * (without the flag the kernel would keep it running there until something else came). */
 	stat_inc(COD_STAT_QUEUED);
 	scx_bpf_dispatch(p, g, SCX_SLICE_DFL, enq_flags);
 	bpf_for(cpu, 0, n) {
@@ -266,4 +269,8 @@ SCX_OPS_DEFINE(cod_ops,
 	       .exit_task = (void *)cod_exit_task,
 	       .init = (void *)cod_init,
 	       .exit = (void *)cod_exit,
+	       /* A task whose slice ends (or that a kick or the tick preempted) with nothing else
+	        * to run on its CPU comes to cod_enqueue with SCX_ENQ_LAST, instead of the kernel
+	        * running it on: that is how a task leaves a CPU its group lost. */
+	       .flags = SCX_OPS_ENQ_LAST,
 	       .name = "cod");

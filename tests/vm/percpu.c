@@ -1,8 +1,11 @@
 /* percpu THREADS SECONDS: THREADS threads spin for SECONDS and record where they ran.
  *
- * Each thread reads CLOCK_MONOTONIC and sched_getcpu() in a loop; the time between two
- * consecutive reads (when under MAX_GAP_NS: a longer gap means the thread was not running)
- * is charged to the CPU of the second read.  Every change of CPU is kept as (ns, cpu, thread).
+ * Each thread reads sched_getcpu() and then CLOCK_MONOTONIC in a loop; the time between two
+ * consecutive clock reads (when under MAX_GAP_NS: a longer gap means the thread was not
+ * running) is charged to the CPU read between them.  Every change of CPU is kept as
+ * (ns, cpu, thread): the thread ran on cpu before ns (and after the previous record's ns).
+ * The clock is read after the CPU, never before: a thread preempted and moved between the
+ * two reads would otherwise date its arrival on the new CPU to before it was moved.
  * Output, one JSON object on stdout at the end:
  *   {"ns_per_cpu": {"CPU": ns, ...}, "moves": [[ns, cpu, thread], ...]}
  * Prints "ready" on stderr once every thread runs. */
@@ -36,8 +39,10 @@ static void *spin(void *arg)
 	long long mine[MAX_CPUS] = {0};
 	long long start = now(), last = start, t;
 	int cpu, prev = -1;
-	while ((t = now()) - start < seconds_ns) {
+	for (;;) {
 		cpu = sched_getcpu();
+		if ((t = now()) - start >= seconds_ns)
+			break;
 		if (cpu < 0 || cpu >= MAX_CPUS)
 			continue;
 		if (t - last < MAX_GAP_NS)
