@@ -171,6 +171,8 @@ def main() -> None:
     if unknown or "all" not in configs:
         sys.exit(f"elastic_pg_ab: unknown {unknown} (and 'all', the baseline, must be run)" if unknown
                  else "elastic_pg_ab: the configurations must include 'all', the baseline")
+    # a killed bench (SIGTERM) still stops its server and daemon: the with blocks unwind
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows: list[dict] = []
     with Postgres() as pg:
         pg.pgbench(["-i", "-s", str(args.scale), "-q"])
