@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from . import procfs
 from .errors import EnforceError
@@ -49,29 +49,35 @@ def _stat_or_none(tid: int, proc: str) -> procfs.Stat | None:
         return None
 
 
-def own_placement(mask: Sequence[int], given: Sequence[int] | None, cpus: Sequence[int]) -> tuple[int, ...] | None:
+def own_placement(mask: Sequence[int], given: Sequence[int] | None, cpus: Sequence[int],
+                  former: Iterable[Sequence[int]] = ()) -> tuple[int, ...] | None:
     """A thread's own placement, to keep when its task is pinned to ``cpus`` (design decision 14).
 
     ``mask`` is the thread's mask now and ``given`` the mask the RM gave the whole task before
     (None at the first pin: nothing is kept then).  A mask that differs from ``given`` was set
     by the thread's program (a storage engine pins each scan thread to one core); it is kept
-    when it lies inside ``cpus``.  A mask equal to ``given`` cannot be told from the RM's own
-    pinning and follows the task.  None: give the thread the whole of ``cpus``."""
+    when it lies inside ``cpus``.  A mask equal to ``given``, or to one of the masks the RM gave
+    the task before that (``former``), cannot be told from the RM's own pinning and follows the
+    task: a process forked before its task's CPUs changed inherits the old mask (decision 18).
+    None: give the thread the whole of ``cpus``."""
     own = set(mask)
     if not own or given is None or own == set(given) or not own <= set(cpus):
+        return None
+    if any(own == set(f) for f in former):
         return None
     return tuple(sorted(own))
 
 
 def thread_placements(pid: int, given: Sequence[int] | None, cpus: Sequence[int],
-                      proc: str = procfs.PROC) -> dict[int, tuple[int, ...]]:
+                      proc: str = procfs.PROC, former: Iterable[Sequence[int]] = ()) -> dict[int, tuple[int, ...]]:
     """The own placements (see `own_placement`) of ``pid``'s threads, read before re-pinning."""
     out: dict[int, tuple[int, ...]] = {}
     if given is None:
         return out
+    former = [tuple(f) for f in former]
     for tid in procfs.thread_ids(pid, proc):
         try:
-            kept = own_placement(tuple(os.sched_getaffinity(tid)), given, cpus)
+            kept = own_placement(tuple(os.sched_getaffinity(tid)), given, cpus, former)
         except OSError:
             continue
         if kept is not None:

@@ -24,6 +24,7 @@ from .pinning import set_thread_affinity, thread_placements
 from .state import ProcRecord, StateStore, TaskRecord
 
 log = logging.getLogger("cod.rm.enforce")
+FORMER_MASKS = 8  # a task's earlier masks remembered: enough for the changes a fork can straddle
 
 
 def check_task_name(task: str) -> str:
@@ -52,6 +53,8 @@ class RecordingEnforcer:
         self.state = StateStore(state_dir)
         self.cpus: dict[str, tuple[int, ...]] = {}
         self.mems: dict[str, tuple[int, ...]] = {}
+        # the masks each task had before its current one, newest last (decision 18)
+        self.former: dict[str, list[tuple[int, ...]]] = {}
 
     # ---- recording -------------------------------------------------------
     def _record(self, task: str, pid: int) -> ProcRecord | None:
@@ -237,7 +240,10 @@ class RecordingEnforcer:
         # may reset the masks of the threads in it); decision 14 of docs/design-enforce.md.
         # The first pin gives every thread the task's CPUs.
         given_before = self.cpus.get(task)
-        placements = {p: thread_placements(p, given_before, cpus, self.proc) for p in live}
+        former = self.former.setdefault(task, [])
+        placements = {p: thread_placements(p, given_before, cpus, self.proc, former) for p in live}
+        if given_before is not None and given_before != cpus:
+            former[:] = [m for m in former if m != given_before][-(FORMER_MASKS - 1):] + [given_before]
         self.cpus[task], self.mems[task] = cpus, mems
         applied = self._enforce(task, live, cpus, mems, placements)
         gone = [p for p in live if p not in applied]
@@ -296,7 +302,9 @@ class RecordingEnforcer:
         mask after reading the inherited one undid that pin).  False when the thread is gone."""
         cpus = self.cpus[task]
         try:
-            if set(os.sched_getaffinity(tid)) <= set(cpus):
+            mask = set(os.sched_getaffinity(tid))
+            # a mask the task had before is the RM's, inherited before a change: it follows (decision 18)
+            if mask <= set(cpus) and not any(mask == set(m) for m in self.former.get(task, ())):
                 return True
         except ProcessLookupError:
             return False
@@ -336,6 +344,7 @@ class RecordingEnforcer:
             rec = self.state.tasks.pop(task, None)
             self.cpus.pop(task, None)
             self.mems.pop(task, None)
+            self.former.pop(task, None)
             self._moved.pop(task, None)
             if rec is None:
                 return
