@@ -49,9 +49,9 @@ def check(view, tasks, current, r, others=()):
         assert got == best_obj, (r.via, got, best_obj)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
-@given(instances(), st.data())
-def test_one_arrival_or_departure_against_the_oracle(inst, data):
+def one_change(inst, data):
+    """An allocator that has answered for one task set, and the set one arrival or one departure
+    away: (allocator, the tasks after, what it published, unavailable CPUs, the view)."""
     m, tasks, unavailable, view = inst
     assume(len(tasks) >= 2)
     leaving = data.draw(st.booleans())
@@ -61,6 +61,13 @@ def test_one_arrival_or_departure_against_the_oracle(inst, data):
     first = allocator.allocate(before, unavailable=unavailable)
     assume(first.status != "infeasible")
     published = first.as_mapping()
+    return allocator, after, published, unavailable, view
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(instances(), st.data())
+def test_one_arrival_or_departure_against_the_oracle(inst, data):
+    allocator, after, published, unavailable, view = one_change(inst, data)
     r = allocator.allocate(after, published, unavailable=unavailable)
     check(view, after, published, r)
     again = allocator.allocate(after, r.as_mapping(), unavailable=unavailable)  # nothing changed
@@ -74,15 +81,7 @@ def test_one_arrival_or_departure_against_the_oracle(inst, data):
 def test_repair_answers_as_allocate_does_or_not_at_all(inst, data):
     """``repair`` (the daemon runs it on its event loop) gives allocate's answer when the repair
     is proven, and otherwise None, remembering nothing: allocate then answers as it would have."""
-    m, tasks, unavailable, view = inst
-    assume(len(tasks) >= 2)
-    leaving = data.draw(st.booleans())
-    before = tasks if leaving else tasks[:-1]
-    after = [t for t in tasks if t is not tasks[0]] if leaving else tasks
-    allocator = Allocator(m)
-    first = allocator.allocate(before, unavailable=unavailable)
-    assume(first.status != "infeasible")
-    published = first.as_mapping()
+    allocator, after, published, unavailable, view = one_change(inst, data)
     twin = allocator.fork()
     expected = twin.allocate(after, published, unavailable=unavailable)
     repaired = allocator.repair(after, published, unavailable=unavailable)
