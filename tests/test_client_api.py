@@ -190,6 +190,9 @@ def test_ack_allocation_takes_task_then_epoch_as_c_does_and_the_old_order_still_
     import warnings
 
     def shrink(c: Client, task: str, to: int) -> dict:
+        # Its CPUs first: a newcomer planned onto CPUs that tasks still give back (a client that
+        # closed just before) is granted them in a later epoch, not in register_task's reply.
+        wait_until(lambda: len(c.allocation(task)["cores"]) > to, what=f"{task} holding more than {to} CPUs")
         before = c.allocation(task)["epoch"]
         c.update_task(task, max_cores=to)
         assert wait_until(lambda: c.allocation(task)["epoch"] > before and c.allocation(task)["removed"])
