@@ -6,13 +6,10 @@ The BPF object (``bpf/procevents.bpf.o``) and its loader (``bpf/libcod_procevent
 against libbpf) are built by ``make setup``; this module loads the library with ctypes.
 The programs are tied to this process's file descriptors: they detach when it exits.
 
-Differences from the connector: a ``comm`` event also comes at every exec, just before the
-``exec`` event (the kernel renames the task there; the connector reports only prctl and
-/proc/PID/comm renames), and timestamps are taken in the tracepoint (bpf_ktime_get_ns,
-CLOCK_MONOTONIC) rather than when the netlink message was built.  That ``comm`` event is
-decoded from the exec's own record (which carries the new name, and its timestamp): one ring
-buffer record and one wake-up of the reader per exec (docs/design-enforce.md, "Measured on the
-host").  Events the ring buffer had no room for are counted on the BPF side and
+Differences from the connector: a ``comm`` event also comes at every exec (the kernel renames
+the task there; the connector reports only prctl and /proc/PID/comm renames), and timestamps
+are taken in the tracepoint (bpf_ktime_get_ns, CLOCK_MONOTONIC) rather than when the netlink
+message was built.  Events the ring buffer had no room for are counted on the BPF side and
 reported as one ``overrun`` event, as the connector's ENOBUFS is.
 """
 
@@ -65,10 +62,8 @@ def parse_events(raw: bytes) -> list[ProcEvent]:
         name = KINDS.get(kind)
         if name is None:
             continue
-        title = comm.split(b"\0", 1)[0].decode(errors="replace")
-        if name == "exec" and title:  # the rename exec did, carried by the exec record: first, as it came
-            events.append(ProcEvent("comm", pid, tgid, timestamp_ns=ts, comm=title))
-        events.append(ProcEvent(name, pid, tgid, ppid, ptgid, code, ts, title if name == "comm" else ""))
+        events.append(ProcEvent(name, pid, tgid, ppid, ptgid, code, ts,
+                                comm.split(b"\0", 1)[0].decode(errors="replace") if name == "comm" else ""))
     return events
 
 

@@ -17,8 +17,6 @@ struct task_struct {
 	int pid;
 	int tgid;
 	int exit_code;
-	unsigned int in_execve : 1;
-	char comm[16];
 	struct task_struct *real_parent;
 } __attribute__((preserve_access_index));
 
@@ -78,18 +76,12 @@ int BPF_PROG(cod_fork, struct task_struct *parent, struct task_struct *child)
 	return 0;
 }
 
-/* The exec record carries the task's new name: the rename that exec does (begin_new_exec, 60-120 us
- * before this tracepoint) gets no record of its own.  A record of its own woke the reader once more
- * per exec, in the middle of it (4 wake-ups per child instead of the connector's 3), and left the
- * exec's own wake-up to the adaptive rule (docs/design-enforce.md, "Measured on the host"). */
 SEC("tp_btf/sched_process_exec")
 int BPF_PROG(cod_exec, struct task_struct *p)
 {
 	struct cod_pe_event *e = reserve(COD_PE_EXEC, p);
-	if (!e)
-		return 0;
-	bpf_probe_read_kernel_str(e->comm, sizeof(e->comm), p->comm);
-	bpf_ringbuf_submit(e, 0);
+	if (e)
+		bpf_ringbuf_submit(e, 0);
 	return 0;
 }
 
@@ -108,8 +100,6 @@ int BPF_PROG(cod_exit, struct task_struct *p)
 SEC("tp_btf/task_rename")
 int BPF_PROG(cod_rename, struct task_struct *task, const char *comm)
 {
-	if (BPF_CORE_READ_BITFIELD(task, in_execve))
-		return 0; /* exec's own rename: the name comes with the exec record */
 	struct cod_pe_event *e = reserve(COD_PE_COMM, task);
 	if (!e)
 		return 0;

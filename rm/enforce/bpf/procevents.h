@@ -18,7 +18,7 @@ struct cod_pe_event {
 	__u32 parent_tgid;
 	__s32 exit_code;
 	__u64 timestamp_ns; /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
-	char comm[16]; /* COD_PE_COMM: the new name; COD_PE_EXEC: the name exec gave the task */
+	char comm[16];
 };
 
 #endif
