@@ -32,6 +32,7 @@ from .enforce.busy import BusyDetector, BusyProcess, confine
 from .enforce.livestate import LiveStateSampler
 from .enforce.eventsource import open_source
 from .enforce.procevents import ProcEvent
+from .enforce.slice import request_slice
 from .memory_drift import DriftWatch
 from .registry import Task
 from .scope import ProcessScope
@@ -75,6 +76,10 @@ class Monitor:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.source = open_source(prefer_connector=self.root, poll_interval=self.cfg.events_poll_interval_s)
+        try:  # the loop that reads the events gets the CPU when one wakes it (enforce/slice.py)
+            request_slice()
+        except EnforceError as err:
+            log.warning("the event loop keeps the default scheduler slice: %s", err)
         self._watch()
         loop.add_reader(self.source.fileno(), self._on_events)
         if self.cfg.busy_detect:
