@@ -9,7 +9,8 @@ that deliver a ring buffer's wake-ups (``irq_work_entry``), the reader thread's 
 (``sched_waking``), its getting a CPU (``sched_switch``) and its return from ``epoll_wait``.
 For each exec of the loop's children, every stage is given in microseconds after the exec
 tracepoint (``stamp``: the source's own timestamp of the exec, which the end-to-end bench
-trusts), and the reader's state when the exec happened:
+trusts; ``child_off_cpu``: when the exec'ing child first left its CPU after the exec), and the
+reader's state when the exec happened:
 
 * ``sleeping``: inside epoll_wait, not woken since it went in: the exec's own record must wake it;
 * ``woken``: inside epoll_wait but already woken by an earlier record (fork, the exec's rename),
@@ -19,7 +20,8 @@ trusts), and the reader's state when the exec happened:
 These figures do not depend on the machine's load the way the end-to-end latency does: the
 load moves time between ``waking`` and ``switch``, not the rest.  ``--fifo`` runs the reader
 SCHED_FIFO (its children not: reset on fork) to take the run-queue wait out, a diagnosis only
-(the RM runs SCHED_OTHER).  ``--object``/``--library`` load another build of the BPF source
+(the RM runs SCHED_OTHER).  The reader asks for the short EEVDF slice the RM's loop asks for
+(rm/enforce/slice.py) unless ``--default-slice``.  ``--object``/``--library`` load another build of the BPF source
 (A/B against a saved copy).  Root and perf are needed.
 """
 
@@ -41,12 +43,13 @@ import time
 
 from cod.rm.enforce import bpfevents
 from cod.rm.enforce.procevents import ConnectorSource
+from cod.rm.enforce.slice import request_slice
 
 EVENTS = ["sched:sched_process_exec", "task:task_rename", "irq_vectors:irq_work_entry",
           "sched:sched_waking", "sched:sched_wakeup", "sched:sched_switch",
           "syscalls:sys_enter_epoll_wait", "syscalls:sys_exit_epoll_wait"]
 LINE = re.compile(r"^\s*(.+?)\s+(\d+)\s+\[(\d+)\]\s+(\d+)\.(\d+):\s+(\S+):\s*(.*)$")
-STAGES = ("stamp", "rename", "waking", "switch", "epoll_return", "ready", "decoded")
+STAGES = ("stamp", "rename", "child_off_cpu", "waking", "switch", "epoll_return", "ready", "decoded")
 
 
 def run_loop(kind: str, execs: int) -> dict:
@@ -94,7 +97,7 @@ def run_loop(kind: str, execs: int) -> dict:
 def parse_perf(path: str, tid: int) -> dict:
     text = subprocess.run(["perf", "script", "-i", path, "-F", "comm,tid,cpu,time,event,trace", "--ns"],
                           capture_output=True, text=True, check=True).stdout
-    out: dict = {"rename": {}, "exec": {}, "irq_work": [], "waking": [], "switch": [], "enter": [], "exit": [], "wakeup": []}
+    out: dict = {"rename": {}, "exec": {}, "irq_work": [], "waking": [], "switch": [], "enter": [], "exit": [], "wakeup": [], "off_cpu": {}}
     for line in text.splitlines():
         m = LINE.match(line)
         if not m:
@@ -111,8 +114,11 @@ def parse_perf(path: str, tid: int) -> dict:
             out["waking"].append(t)
         elif event == "sched:sched_wakeup" and re.search(rf"\bpid={tid}\b", rest):
             out["wakeup"].append((t, int(re.search(r"target_cpu=(\d+)", rest).group(1))))
-        elif event == "sched:sched_switch" and re.search(rf"next_pid={tid}\b", rest):
-            out["switch"].append(t)
+        elif event == "sched:sched_switch":
+            if re.search(rf"next_pid={tid}\b", rest):
+                out["switch"].append(t)
+            prev = int(re.search(r"prev_pid=(\d+)", rest).group(1))
+            out["off_cpu"].setdefault(prev, []).append(t)  # sorted: perf script is in time order
         elif event.startswith("syscalls:sys_") and int(thread) == tid:
             out["enter" if "enter" in event else "exit"].append(t)
     for k in ("irq_work", "waking", "wakeup", "switch", "enter", "exit"):
@@ -146,7 +152,10 @@ def stages(loop: dict, trace: dict) -> list[dict]:
         row = {"state": state, "irq_work_30us": irq, "on_exec_cpu": target == cpu,
                "stamp": round((ts - e) / 1e3, 1),  # the source's timestamp against perf's
                "idle_before": round((e - entered) / 1e3, 1)}  # the reader's time in epoll_wait so far
-        times = {"rename": trace["rename"].get(pid), "waking": waking,
+        offs = trace["off_cpu"].get(pid, [])
+        k = bisect.bisect_left(offs, e)
+        times = {"rename": trace["rename"].get(pid), "child_off_cpu": offs[k] if k < len(offs) else None,
+                 "waking": waking,
                  "switch": last_before(trace["switch"], ret), "epoll_return": ret,
                  "ready": ready, "decoded": decoded}
         row.update({k: round((v - e) / 1e3, 1) if v else None for k, v in times.items()})
@@ -181,6 +190,8 @@ def main() -> int:
     ap.add_argument("--source", choices=["bpf", "connector"], default="bpf")
     ap.add_argument("--execs", type=int, default=300, help="paced /bin/true + sleep pairs (n is twice this)")
     ap.add_argument("--fifo", action="store_true", help="run the reader SCHED_FIFO (diagnosis only)")
+    ap.add_argument("--default-slice", action="store_true",
+                    help="leave the reader the default EEVDF slice (the RM asks for a short one: enforce/slice.py)")
     ap.add_argument("--object", help="another procevents.bpf.o (A/B)")
     ap.add_argument("--library", help="another libcod_procevents.so (A/B)")
     ap.add_argument("--rows", help="write the per-exec rows to this JSON file")
@@ -194,6 +205,8 @@ def main() -> int:
         bpfevents.LIBRARY = args.library
     if args.fifo:
         os.sched_setscheduler(0, os.SCHED_FIFO | os.SCHED_RESET_ON_FORK, os.sched_param(50))
+    if not args.default_slice:
+        request_slice()
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "perf.data")
@@ -212,6 +225,7 @@ def main() -> int:
         with open(args.rows, "w") as f:
             json.dump(rows, f)
     result = {"source": args.source, "fifo": args.fifo, "object": args.object,
+              "reader_slice": "default" if args.default_slice else "short (as the RM's)",
               "load_average_before": [round(x, 2) for x in load],
               "load_average_after": [round(x, 2) for x in os.getloadavg()],
               "execs_seen": len(loop["rows"]), "execs_expected": 2 * args.execs,
