@@ -7,7 +7,8 @@ it before that one's slice is used up.  Measured on the host (docs/design-enforc
 "Measured on the host"): an exec event's reader woken onto the exec'ing child's CPU otherwise waits
 until the child leaves that CPU (its exit, for /bin/true: 400 us at the median), the tail of both
 the BPF and the connector event paths.  The flag SCHED_FLAG_RESET_ON_FORK keeps the short slice to
-this thread: its threads and children start with the default one.  Kernels before 6.12 ignore
+this thread: its threads and children start with the default one (and, by the same kernel rule,
+with nice 0 if this thread's nice is negative; cod-rm.service sets none).  Kernels before 6.12 ignore
 ``sched_runtime`` for SCHED_OTHER: the call is harmless there.
 """
 
