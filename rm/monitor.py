@@ -4,9 +4,10 @@ What to do about what is seen is decided here (policy); how it is seen and how
 processes are pinned is in cod.rm.enforce (mechanism), the only code that
 touches the kernel.  Everything runs on the RM's event loop:
 
-* the process event source (proc connector as root, else /proc polling) is
+* the process event source (BPF or proc connector as root, else /proc polling) is
   read with ``loop.add_reader``: a registered task's exit deregisters it and
-  recomputes at once; a new thread or child of a registered task is pinned at once;
+  recomputes at once; a new thread or child of a registered task is pinned at once
+  (the loop's thread asks for the shortest scheduler slice: enforce/slice.py);
 * the busy detector runs every ``busy_interval_s``: a process nobody registered
   that stays busy over the window becomes an ``other_task`` fact and a demand of
   the allocator, which keeps CPUs for it with the objective of every task
