@@ -9,8 +9,10 @@ that deliver a ring buffer's wake-ups (``irq_work_entry``), the reader thread's 
 (``sched_waking``), its getting a CPU (``sched_switch``) and its return from ``epoll_wait``.
 For each exec of the loop's children, every stage is given in microseconds after the exec
 tracepoint (``stamp``: the source's own timestamp of the exec, which the end-to-end bench
-trusts; ``child_off_cpu``: when the exec'ing child first left its CPU after the exec), and the
-reader's state when the exec happened:
+trusts; ``child_off_cpu``: when the exec'ing child first left its CPU after the exec;
+``fork``/``fork_wake``: the child's fork and the reader's first wake-up after it, and whether that
+wake-up put the reader on the CPU the child later exec'd on), and the reader's state when the
+exec happened:
 
 * ``sleeping``: inside epoll_wait, not woken since it went in: the exec's own record must wake it;
 * ``woken``: inside epoll_wait but already woken by an earlier record (fork, the exec's rename),
@@ -45,11 +47,11 @@ from cod.rm.enforce import bpfevents
 from cod.rm.enforce.procevents import ConnectorSource
 from cod.rm.enforce.slice import request_slice
 
-EVENTS = ["sched:sched_process_exec", "task:task_rename", "irq_vectors:irq_work_entry",
+EVENTS = ["sched:sched_process_fork", "sched:sched_process_exec", "task:task_rename", "irq_vectors:irq_work_entry",
           "sched:sched_waking", "sched:sched_wakeup", "sched:sched_switch",
           "syscalls:sys_enter_epoll_wait", "syscalls:sys_exit_epoll_wait"]
 LINE = re.compile(r"^\s*(.+?)\s+(\d+)\s+\[(\d+)\]\s+(\d+)\.(\d+):\s+(\S+):\s*(.*)$")
-STAGES = ("stamp", "rename", "child_off_cpu", "waking", "switch", "epoll_return", "ready", "decoded")
+STAGES = ("stamp", "fork", "fork_wake", "rename", "child_off_cpu", "waking", "switch", "epoll_return", "ready", "decoded")
 
 
 def run_loop(kind: str, execs: int) -> dict:
@@ -97,14 +99,16 @@ def run_loop(kind: str, execs: int) -> dict:
 def parse_perf(path: str, tid: int) -> dict:
     text = subprocess.run(["perf", "script", "-i", path, "-F", "comm,tid,cpu,time,event,trace", "--ns"],
                           capture_output=True, text=True, check=True).stdout
-    out: dict = {"rename": {}, "exec": {}, "irq_work": [], "waking": [], "switch": [], "enter": [], "exit": [], "wakeup": [], "off_cpu": {}}
+    out: dict = {"fork": {}, "rename": {}, "exec": {}, "irq_work": [], "waking": [], "switch": [], "enter": [], "exit": [], "wakeup": [], "waker": [], "off_cpu": {}}
     for line in text.splitlines():
         m = LINE.match(line)
         if not m:
             continue
         _, thread, cpu, sec, ns, event, rest = m.groups()
         t = int(sec) * 10**9 + int(ns.ljust(9, "0")[:9])
-        if event == "task:task_rename":
+        if event == "sched:sched_process_fork":
+            out["fork"][int(re.search(r"child_pid=(\d+)", rest).group(1))] = (t, int(thread))
+        elif event == "task:task_rename":
             out["rename"].setdefault(int(re.search(r"pid=(\d+)", rest).group(1)), t)
         elif event == "sched:sched_process_exec":
             out["exec"][int(re.search(r" pid=(\d+)", rest).group(1))] = (t, int(cpu))
@@ -112,6 +116,7 @@ def parse_perf(path: str, tid: int) -> dict:
             out["irq_work"].append((t, int(cpu)))
         elif event == "sched:sched_waking" and re.search(rf"\bpid={tid}\b", rest):
             out["waking"].append(t)
+            out["waker"].append((t, int(thread)))  # the waker's context (sched_wakeup may come on the target CPU)
         elif event == "sched:sched_wakeup" and re.search(rf"\bpid={tid}\b", rest):
             out["wakeup"].append((t, int(re.search(r"target_cpu=(\d+)", rest).group(1))))
         elif event == "sched:sched_switch":
@@ -121,7 +126,7 @@ def parse_perf(path: str, tid: int) -> dict:
             out["off_cpu"].setdefault(prev, []).append(t)  # sorted: perf script is in time order
         elif event.startswith("syscalls:sys_") and int(thread) == tid:
             out["enter" if "enter" in event else "exit"].append(t)
-    for k in ("irq_work", "waking", "wakeup", "switch", "enter", "exit"):
+    for k in ("irq_work", "waking", "waker", "wakeup", "switch", "enter", "exit"):
         out[k].sort()
     return out
 
@@ -147,14 +152,24 @@ def stages(loop: dict, trace: dict) -> list[dict]:
         i = bisect.bisect_left(irq_times, e)
         irq = any(c == cpu and t <= e + 30_000 for t, c in trace["irq_work"][i:i + 8])
         waking = last_before(trace["waking"], ret)
-        j = bisect.bisect_left(trace["wakeup"], (waking, -1))
+        j = bisect.bisect_left(trace["wakeup"], (waking,))
         target = trace["wakeup"][j][1] if j < len(trace["wakeup"]) else None
+        fork, parent = trace["fork"].get(pid, (0, 0))
+        # the parent's first wake-up of the reader from its fork on (the connector sends its
+        # message a few us before the fork tracepoint fires), before the exec
+        f = bisect.bisect_left(trace["waker"], (fork - 30_000,))
+        by_parent = next((w for w, who in trace["waker"][f:f + 16] if who == parent and w < e), None) if fork else None
+        g = bisect.bisect_left(trace["wakeup"], (by_parent,)) if by_parent else len(trace["wakeup"])
+        fork_wake = (by_parent, trace["wakeup"][g][1]) if g < len(trace["wakeup"]) else None
         row = {"state": state, "irq_work_30us": irq, "on_exec_cpu": target == cpu,
+               # the reader's first wake-up after the child's fork (its fork record), onto the exec's CPU?
+               "fork_wake_on_exec_cpu": fork_wake[1] == cpu if fork_wake else None,
                "stamp": round((ts - e) / 1e3, 1),  # the source's timestamp against perf's
                "idle_before": round((e - entered) / 1e3, 1)}  # the reader's time in epoll_wait so far
         offs = trace["off_cpu"].get(pid, [])
         k = bisect.bisect_left(offs, e)
-        times = {"rename": trace["rename"].get(pid), "child_off_cpu": offs[k] if k < len(offs) else None,
+        times = {"fork": fork, "fork_wake": fork_wake[0] if fork_wake else None,
+                 "rename": trace["rename"].get(pid), "child_off_cpu": offs[k] if k < len(offs) else None,
                  "waking": waking,
                  "switch": last_before(trace["switch"], ret), "epoll_return": ret,
                  "ready": ready, "decoded": decoded}
@@ -180,6 +195,7 @@ def summarize(rows: list[dict]) -> dict:
         res["by_state"][state] = {
             "n": len(rs), "irq_work_within_30us": sum(r["irq_work_30us"] for r in rs),
             "woken_onto_the_exec_cpu": sum(r["on_exec_cpu"] for r in rs),
+            "fork_record_woke_it_onto_the_exec_cpu": sum(bool(r["fork_wake_on_exec_cpu"]) for r in rs),
             "decoded_p50": pct([r["decoded"] for r in rs], .5), "decoded_p90": pct([r["decoded"] for r in rs], .9),
             "decoded_max": pct([r["decoded"] for r in rs], 1.0)}
     return res
