@@ -4,9 +4,10 @@ What to do about what is seen is decided here (policy); how it is seen and how
 processes are pinned is in cod.rm.enforce (mechanism), the only code that
 touches the kernel.  Everything runs on the RM's event loop:
 
-* the process event source (proc connector as root, else /proc polling) is
+* the process event source (BPF or proc connector as root, else /proc polling) is
   read with ``loop.add_reader``: a registered task's exit deregisters it and
-  recomputes at once; a new thread or child of a registered task is pinned at once;
+  recomputes at once; a new thread or child of a registered task is pinned at once
+  (the loop's thread asks for the shortest scheduler slice: enforce/slice.py);
 * the busy detector runs every ``busy_interval_s``: a process nobody registered
   that stays busy over the window becomes an ``other_task`` fact and a demand of
   the allocator, which keeps CPUs for it with the objective of every task
@@ -32,6 +33,7 @@ from .enforce.busy import BusyDetector, BusyProcess, confine
 from .enforce.livestate import LiveStateSampler
 from .enforce.eventsource import open_source
 from .enforce.procevents import ProcEvent
+from .enforce.slice import request_slice
 from .memory_drift import DriftWatch
 from .registry import Task
 from .scope import ProcessScope
@@ -75,6 +77,10 @@ class Monitor:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.source = open_source(prefer_connector=self.root, poll_interval=self.cfg.events_poll_interval_s)
+        try:  # the loop that reads the events gets the CPU when one wakes it (enforce/slice.py)
+            request_slice()
+        except EnforceError as err:
+            log.warning("the event loop keeps the default scheduler slice: %s", err)
         self._watch()
         loop.add_reader(self.source.fileno(), self._on_events)
         if self.cfg.busy_detect:
