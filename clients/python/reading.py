@@ -50,7 +50,8 @@ class Reading(ClientParts):
                     return waiter.reply  # None, unless the client closed meanwhile
                 if not self._read_chunk():
                     self._lost(ConnectionLost("the RM closed the connection"))
-                    self._turns.wake()  # the reader thread reconnects (or closes the client)
+                    if not self._closed:
+                        self._turns.wake()  # the reader thread reconnects (or closes the client)
             return waiter.reply
         finally:
             self._turns.pass_on()
@@ -103,12 +104,13 @@ class Reading(ClientParts):
         """The reader thread: read whenever the socket is readable and no caller reads it."""
         turns = self._turns
         while not self._closed:
-            turns.wait_readable(None)
-            if self._closed:
-                return
-            if not turns.reader_take():
-                turns.rearm()  # the event is the reading caller's
-                turns.reader_wait()
+            if not turns.reader_queue_if_busy():
+                turns.wait_readable(None)
+                if self._closed:
+                    return
+                if not turns.reader_take():
+                    turns.rearm()  # the event is the reading caller's
+                    turns.reader_wait()
             try:
                 turns.drain_wake()
                 if self._read_chunk() or self._closed:

@@ -63,6 +63,17 @@ class ReadTurns:
             self._leading = True
             return True
 
+    def reader_queue_if_busy(self) -> bool:
+        """Before the reader thread waits in the epoll set: if a caller holds the token, queue for it
+        instead, so that the caller stays the newest waiter (the one the kernel wakes).  True when
+        the reader thread holds the token on return (handed over once no call waits)."""
+        with self._lock:
+            if not self._leading:
+                return False
+            self._reader_wants = True
+        self._reader_turn.acquire()
+        return True
+
     def reader_wait(self) -> None:
         """Block the reader thread until a holder passes the token to it (after reader_take() said no)."""
         self._reader_turn.acquire()
@@ -119,17 +130,24 @@ class ReadTurns:
 
     def wake(self) -> None:
         """Rouse every waiter (closing, or a broken connection for the reader thread to mend)."""
+        if self._wake_fd < 0:
+            return  # closed: its number may belong to another file by now
         try:
             os.eventfd_write(self._wake_fd, 1)
         except OSError:
             pass
 
     def drain_wake(self) -> None:
+        if self._wake_fd < 0:
+            return
         try:
             os.eventfd_read(self._wake_fd)
         except (BlockingIOError, OSError):
             pass
 
     def close(self) -> None:
+        """Once the reader thread has ended (Client.close)."""
+        fd, self._wake_fd = self._wake_fd, -1
         self._epoll.close()
-        os.close(self._wake_fd)
+        if fd >= 0:
+            os.close(fd)
