@@ -10,10 +10,13 @@ registration:
   as a whole (its reader and handler threads too);
 * the daemon process and the SKB engine process (/proc/PID/task/*/schedstat: CPU of every thread
   alive at the end, in ns; and utime+stime of /proc/PID/stat, which also counts threads gone);
+* with --queries N, also N single-fact queries through the daemon (the direct channel off) from one
+  client: the median wall time per call, and the client's CPU per call (its calling thread, and
+  the process with its reader thread) and the daemon's;
 * with --cprofile, the daemon's own functions by CPU time of its event-loop thread (cProfile with
   time.thread_time_ns as its clock), the top entries by cumulative and by own time.
 
-    python bench/listing1_profile.py [--n 300] [--cprofile]
+    python bench/listing1_profile.py [--n 300] [--queries 3000] [--cprofile]
 """
 
 from __future__ import annotations
@@ -109,11 +112,31 @@ def registrations(sock: str, n: int, first: int) -> dict[str, float]:
     return {"connect": connect / n * 1e6, "register_task": register / n * 1e6}
 
 
+def queries_through_daemon(sock: str, n: int, daemon: int) -> dict[str, float]:
+    """N single-fact queries through the daemon from one client: wall median and CPU per call (us)."""
+    with Client.connect(sock, app="profiled") as c:
+        c.direct_queries = False
+        c.add_facts(["n(1)"])
+        for _ in range(200):
+            c.execute_query("n(X)")
+        walls = []
+        d0, p0, t0 = cpu_ns(daemon), time.process_time(), time.thread_time()
+        for _ in range(n):
+            w0 = time.perf_counter()
+            c.execute_query("n(X)")
+            walls.append(time.perf_counter() - w0)
+        d1, p1, t1 = cpu_ns(daemon), time.process_time(), time.thread_time()
+    walls.sort()
+    return {"wall_median": round(walls[n // 2] * 1e6, 1), "client_calling_thread": round((t1 - t0) / n * 1e6, 1),
+            "client_process": round((p1 - p0) / n * 1e6, 1), "daemon": round((d1[0] - d0[0]) / n / 1e3, 1)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--cprofile", action="store_true", help="run the daemon under cProfile (CPU clock)")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--queries", type=int, default=0, help="also time this many queries through the daemon")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="cod-l1-profile-") as tmpd:
         tmp = Path(tmpd)
@@ -132,6 +155,8 @@ def main() -> int:
             out["client_process_us"] = round((c1 - c0) * 1e6 / args.n, 1)
             out["daemon_us"] = {"schedstat": round((d1[0] - d0[0]) / per, 1), "stat": round((d1[1] - d0[1]) / per, 1)}
             out["skb_us"] = {"schedstat": round((s1[0] - s0[0]) / per, 1), "stat": round((s1[1] - s0[1]) / per, 1)}
+            if args.queries:
+                out["query_through_daemon_us"] = queries_through_daemon(sock, args.queries, proc.pid)
         finally:
             proc.terminate()
             proc.wait(30)
