@@ -1,8 +1,11 @@
 """The Python client of the COD Resource Manager.
 
-One socket per `Client` to the daemon.  A background reader thread matches
-replies to calls by id and queues upcalls; upcall handlers run either on a
-handler thread (`handlers="thread"`, the default) or in the caller's own loop
+One socket per `Client` to the daemon.  A call reads its own reply when no
+other thread reads the socket; else it is handed its reply (or the turn to
+read).  A background reader thread reads while no call does, so upcalls
+arrive whether or not the application calls (:mod:`.reading`).  Replies are
+matched to calls by id; upcall handlers run either on a handler thread
+(`handlers="thread"`, the default) or in the caller's own loop
 (`handlers="manual"`: watch `fileno()`, call `dispatch()`).
 
 Queries take a shorter road when the daemon offers it: a second socket
@@ -33,16 +36,18 @@ from .direct import _DirectChannel
 from .errors import ConnectionLost, error_from_reply
 from .knowledge import Knowledge
 from .parts import Handler, _Subscription, _Waiter
+from .reading import Reading
 from .reconnect import Reconnection
 from .state import HeldState
 from .tasks import Tasks
 from .transport import CLIENT_NAME, Transport
+from .turns import ReadTurns
 from .upcalls import Upcalls
 
 __all__ = ["CLIENT_NAME", "Client", "Handler"]
 
 
-class Client(Transport, Reconnection, Knowledge, Tasks, Upcalls):
+class Client(Transport, Reading, Reconnection, Knowledge, Tasks, Upcalls):
     """A connection to the RM.  Thread-safe: calls may come from any thread.
 
     Composed of its parts (:mod:`.parts`): the connection, reconnection, knowledge (facts,
@@ -75,6 +80,8 @@ class Client(Transport, Reconnection, Knowledge, Tasks, Upcalls):
         self._closed = False
         self._sock: socket.socket | None = None
         self._new_sock: socket.socket | None = None  # during a reconnection, until the replay is done
+        self._turns = ReadTurns(self._pending, self._pending_lock)  # who reads the socket (turns.py)
+        self._broken = False  # a caller met a bad frame: the reader thread reconnects
         # What to replay after a reconnection.
         self._state_lock = threading.RLock()
         self._held = HeldState()
@@ -92,7 +99,11 @@ class Client(Transport, Reconnection, Knowledge, Tasks, Upcalls):
         self._wake_r, self._wake_w = os.pipe() if self._manual else (-1, -1)
         if self._manual:
             os.set_blocking(self._wake_r, False)
-        self._open(self._dial())
+        try:
+            self._open(self._dial())
+        except BaseException:
+            self._turns.close()
+            raise
         # Threads are started with _thread, which does not wait for the new thread to be
         # scheduled (threading.Thread.start does: ~1 ms of a connect on a busy machine).
         self._reader_done = threading.Event()
@@ -123,9 +134,12 @@ class Client(Transport, Reconnection, Knowledge, Tasks, Upcalls):
         self._fail_pending(ConnectionLost("client closed"))
         self._connected.set()  # wake callers waiting for a reconnection
         self._events.put(None)
+        self._turns.wake()  # the reader thread, and a caller reading, leave their wait
         me = threading.get_ident()
         if self._reader_ident != me:
             self._reader_done.wait(2.0)
+        if self._reader_done.is_set():
+            self._turns.close()
         if self._handler_ident is not None and self._handler_ident != me:
             self._handlers_done.wait(2.0)
         if self._manual:

@@ -35,18 +35,30 @@ class _Subscription:
 
 
 class _Waiter:
-    """One call's rendezvous with the reader thread: a bare lock is cheaper than an Event."""
+    """One call's rendezvous: woken once, by its reply or by being handed the read turn (:mod:`.turns`).
 
-    __slots__ = ("_lock", "reply")
+    A bare lock is cheaper than an Event.  `promote` is called under the client's pending lock while
+    the waiter is pending; `set` after it was taken out of pending, by whoever took it out: so each
+    is called at most once, and the lock is released once.
+    """
+
+    __slots__ = ("_lock", "reply", "promoted")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._lock.acquire()
         self.reply: dict[str, Any] | None = None
+        self.promoted = False  # this call holds the read turn: it must read, then pass it on
 
     def set(self, reply: dict[str, Any]) -> None:
         if self.reply is None:
             self.reply = reply
+            if not self.promoted:
+                self._lock.release()
+
+    def promote(self) -> None:
+        self.promoted = True
+        if self.reply is None:
             self._lock.release()
 
     def wait(self, timeout: float | None) -> bool:
@@ -73,6 +85,8 @@ class ClientParts:
     _sock: socket.socket | None
     _new_sock: socket.socket | None
     _decoder: FrameDecoder
+    _turns: Any  # turns.ReadTurns
+    _broken: bool
     _state_lock: threading.RLock
     _held: HeldState
     _direct: Any  # direct._DirectChannel | None
@@ -106,6 +120,18 @@ class ClientParts:
 
     def _reconnect(self) -> bool:
         raise NotImplementedError  # reconnect.Reconnection
+
+    def _await_reply(self, rid: int, waiter: _Waiter, deadline: float | None) -> dict[str, Any] | None:
+        raise NotImplementedError  # reading.Reading
+
+    def _on_message(self, msg: dict[str, Any]) -> None:
+        raise NotImplementedError  # transport.Transport
+
+    def _fail_pending(self, err: Exception) -> None:
+        raise NotImplementedError  # transport.Transport
+
+    def _closed_by_server(self) -> None:
+        raise NotImplementedError  # transport.Transport
 
     def _raw_call(self, sock: socket.socket, decoder: FrameDecoder, method: str, params: dict[str, Any]) -> Any:
         raise NotImplementedError  # transport.Transport

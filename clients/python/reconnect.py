@@ -69,6 +69,7 @@ class Reconnection(ClientParts):
                     self._held.tasks.pop(name, None)
                 else:
                     self._remember_allocation(res["allocation"])
+        self._turns.attach(sock)
         self._sock = sock
         self._connected.set()
 

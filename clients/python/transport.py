@@ -1,16 +1,18 @@
-"""The client's connection to the daemon: the socket, calls matched to replies by id, the reader thread.
+"""The client's connection to the daemon: the socket, hello, calls matched to replies by id.
 
-A call sends one request and waits on a `_Waiter` that the reader thread sets when the reply with
-its id arrives; upcalls the reader meets go to :mod:`.upcalls`.  When the daemon hangs up, pending
-calls fail with ConnectionLost and :mod:`.reconnect` dials again.
+A call sends one request and waits for the reply with its id: it reads the socket itself while no
+other thread does, else it waits to be handed its reply or the turn to read (:mod:`.reading`).
+Upcalls met on the way go to :mod:`.upcalls`.  When the daemon hangs up, pending calls fail with
+ConnectionLost and :mod:`.reconnect` dials again.
 """
 
 from __future__ import annotations
 
 import socket
+import time
 from typing import Any
 
-from cod.protocol.framing import MAX_FRAME_BYTES, FrameDecoder, FrameError, encode
+from cod.protocol.framing import MAX_FRAME_BYTES, FrameDecoder, encode
 from cod.protocol.jsonrpc import PROTOCOL_VERSION, SHUTDOWN_EVENT, loads
 
 from .errors import CodError, ConnectionLost, NotConnected, ProtocolMismatch, RMError, error_from_reply
@@ -20,7 +22,7 @@ CLIENT_NAME = "cod.client/0.2"
 
 
 class Transport(ClientParts):
-    """The connection part of `Client`: dialling, hello, calls, the reader thread."""
+    """The connection part of `Client`: dialling, hello, calls, handing on what arrives."""
 
     def _dial(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -47,12 +49,14 @@ class Transport(ClientParts):
         self.app = info["app"]
         self.server_info = info
         self._decoder = decoder
+        self._broken = False
         # The direct channel of an earlier connection goes; the new one opens at its first use
         # (DirectQueries.direct, execute_query): a client that only registers tasks never pays
         # for its connection and hello (docs/design-rm.md, "Where the microseconds go").
         self._open_direct(None)
         self._direct_retry_at = 0.0
         if ready:
+            self._turns.attach(sock)
             self._sock = sock
             self._connected.set()
         else:
@@ -94,56 +98,19 @@ class Transport(ClientParts):
                 if sock is None:
                     raise ConnectionLost("the connection to the RM was lost; reconnecting")
                 sock.sendall(frame)
-        except OSError as err:
-            with self._pending_lock:
-                self._pending.pop(rid, None)
+        except (OSError, ConnectionLost) as err:
+            self._turns.abandon(rid, waiter)
+            if isinstance(err, ConnectionLost):
+                raise
             raise ConnectionLost(f"sending {method}: {err}") from None
-        if not waiter.wait(timeout):
-            with self._pending_lock:
-                self._pending.pop(rid, None)
+        reply = self._await_reply(rid, waiter, None if timeout is None else time.monotonic() + timeout)
+        if reply is None:
             raise CodError(f"{method}: no reply within {timeout} s")
-        reply = waiter.reply
-        assert reply is not None
         if "lost" in reply:
             raise ConnectionLost(f"{method}: {reply['lost']}")
         if "error" in reply:
             raise error_from_reply(reply["error"])
         return reply.get("result")
-
-    def _read_loop_main(self) -> None:
-        try:
-            self._read_loop()
-        finally:
-            self._reader_done.set()
-
-    def _read_loop(self) -> None:
-        while not self._closed:
-            sock = self._sock
-            try:
-                data = sock.recv(1 << 18) if sock is not None else b""
-            except OSError:
-                data = b""
-            if data:
-                try:
-                    bodies = self._decoder.feed(data)
-                except FrameError as err:
-                    log.error("bad frame from the RM: %s", err)
-                    bodies = []
-                    data = b""
-                for body in bodies:
-                    try:
-                        self._on_message(_loads(body))
-                    except ProtocolMismatch as err:
-                        log.error("%s", err)
-                if data:
-                    continue
-            if self._closed:
-                return
-            self._connected.clear()
-            self._fail_pending(ConnectionLost("the RM closed the connection"))
-            if not self.reconnect or not self._reconnect():
-                self._closed_by_server()
-                return
 
     def _closed_by_server(self) -> None:
         self._connected.set()

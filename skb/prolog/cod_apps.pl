@@ -142,17 +142,24 @@ printable_code(C) :-                  % as cod.protocol.names
     C =\= 0x2028, C =\= 0x2029.
 
 create_app_module(M) :-
-    import_module(M, cod_sys), !.     % left by a write that was undone
+    inherits_from(M, cod_sys), !.     % left by a write that was undone
 create_app_module(M) :-
     set_module(M:class(temporary)),   % so that destroy_app/2 can free it
+    app_libraries(Libs),
+    add_import_module(M, Libs, end),
     add_import_module(M, cod_sys, end),
     forall(library_module(L), add_import_module(M, L, end)),
-    forall(app_library(L), @(use_module(library(L)), M)),
     add_import_module(M, system, end),
     (   import_module(M, user)
     ->  delete_import_module(M, user)
     ;   true
     ).
+
+%   inherits_from(+M, +Super): Super is one of M's import modules
+%   (import_module/2 called with both bound looks at the first one only).
+inherits_from(M, Super) :-
+    import_module(M, S),
+    S == Super, !.
 
 %   The libraries of SWI-Prolog whose exports every application sees.
 %   Nothing is autoloaded for applications (the server turns autoloading
@@ -163,6 +170,33 @@ app_library(apply).
 app_library(aggregate).
 app_library(pairs).
 app_library(clpfd).     % the paper's SKB was a CLP engine; clpfd declares itself sandbox-safe
+
+%!  app_libraries(-Module) is det.
+%
+%   Module, cod_app_libraries, imports the exports of every app_library/1
+%   (predicates and operators) and inherits from nothing; every
+%   application's module inherits from it first, so the libraries'
+%   predicates come before cod_sys, the stored procedures and the
+%   built-ins, as when each application imported them itself.  Importing
+%   them into each new module (use_module/1, five libraries) cost ~190 us
+%   of CPU per application; inheriting costs ~2 us (docs/design-rm.md,
+%   "Listing 1 after issue 31's client round").  The predicates an
+%   application sees are the same: predicate_property/2 still says
+%   imported_from(Library), so check_head/2 refuses to redefine them, and
+%   library(sandbox) checks them as before.
+app_libraries(Libs) :-
+    Libs = cod_app_libraries,
+    (   current_prolog_flag(cod_app_libraries, true)   % a flag: not undone with a transaction
+    ->  true
+    ;   with_mutex(cod_app_libraries, make_app_libraries(Libs))
+    ).
+
+make_app_libraries(_) :-
+    current_prolog_flag(cod_app_libraries, true), !.
+make_app_libraries(Libs) :-
+    forall(app_library(L), @(use_module(library(L)), Libs)),
+    forall(import_module(Libs, Super), delete_import_module(Libs, Super)),
+    create_prolog_flag(cod_app_libraries, true, [keep(false)]).
 
 %!  register_library(+Module) is det.
 %
@@ -1068,3 +1102,6 @@ list_procedures(App, Texts) :-
     ->  findall(Text, ( procedure(M, PI, _, _), procedure_text(M, PI, Text) ), Texts)
     ;   Texts = []
     ).
+
+% The libraries' module is made while the server loads, outside any write's transaction.
+:- initialization(app_libraries(_)).

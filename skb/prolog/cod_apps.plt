@@ -67,4 +67,26 @@ test(a_repeated_query_is_checked_by_the_sandbox_each_run,
     catch(run_query(plunit_k, "lists:append(X, Y, [1])", [], _), _, true),
     run_query(plunit_k, "lists:append(X, Y, [1])", [], _).
 
+% The libraries' exports, inherited from cod_app_libraries: predicates, clpfd's operators in the
+% query text and in procedures, and no redefinition of them (the error names the library).
+test(an_application_sees_the_libraries_predicates_and_operators) :-
+    run_query(plunit_l, "X #= 3 + 4, append([1], [X], L), foldl(plus, L, 0, S), pairs_keys([k-v], K)",
+              [], answer([Sol], false, _)),
+    Sol == ['X'-7, 'L'-[1, 7], 'S'-8, 'K'-[k]],
+    add_procedure(plunit_l, "seven(X) :- X #= 3 + 4.", false, none, _),
+    run_query(plunit_l, "seven(Y)", [], answer([['Y'-7]], false, _)).
+
+test(an_application_may_not_redefine_a_library_predicate,
+     [forall(member(Text, ["append(_, _, _).", "foldl(_, _, _, _).", "transpose(_, _).", "pairs_keys(_, _)."]))]) :-
+    catch(add_procedure(plunit_m, Text, false, none, _), E, true),
+    nonvar(E),
+    E = error(permission_error(modify, static_procedure, _), _).
+
+test(a_new_application_inherits_from_the_libraries_module_first) :-
+    app_module(plunit_n, M),
+    findall(S, import_module(M, S), Supers),
+    Supers = [cod_app_libraries, cod_sys|_],
+    last(Supers, system),
+    \+ memberchk(user, Supers).
+
 :- end_tests(cod_apps).
