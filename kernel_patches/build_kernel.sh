@@ -12,7 +12,7 @@
 #   kbuild-scx-VERSION/               the object tree (kept: a changed config rebuilds incrementally)
 #   kernel-scx-VERSION-HASH/          bzImage, config, vmlinux.h (the kernel's BTF as C, for scx_cod)
 #   kernel-scx-VERSION-in-KEY         a link to the above, KEY hashing what made its config (the
-#                                     fragment, gcc and pahole): a later run needs no kconfig pass
+#                                     fragment, this script, gcc, pahole): a later run needs no kconfig pass
 # Each is made in a temporary directory and renamed; a lock serialises builds.
 # Every failure ends with one line "scx-kernel: ..." saying what is missing or what failed.
 # Needs: flex bison bc libelf-dev libssl-dev dwarves (pahole) gcc make bpftool xz (Makefile: SCX_APT_PACKAGES).
@@ -75,8 +75,9 @@ fi
 if [ "${1:-}" = "--source" ]; then echo "$src"; exit 0; fi
 
 # ---- the config -----------------------------------------------------------------------------
-# What the final .config follows from, besides the source: the fragment and the tools kconfig asks.
-key=$( { echo "$version"; cat "$fragment"; gcc --version | head -1; pahole --version; } | sha256sum | cut -c1-12)
+# What the final .config follows from, besides the source: the fragment, this script's recipe
+# (an edit costs one kconfig pass, which finds the same config), and the tools kconfig asks.
+key=$( { echo "$version"; cat "$fragment" "$0"; gcc --version | head -1; pahole --version; } | sha256sum | cut -c1-12)
 link=$cache/kernel-scx-$version-in-$key
 if [ -f "$link/bzImage" ]; then readlink -f "$link"; exit 0; fi
 
