@@ -28,17 +28,20 @@ EDITABLE_QUIET := PYTHONWARNINGS="ignore:Editable installation"
 VM_APT_PACKAGES := qemu-system-x86 busybox-static udev kmod
 VM_TOPOLOGY ?= 2x2
 # debian: Debian's 6.12 kernel image; scx: Debian's linux-source-6.12 built with sched_ext and
-# BTF (kernel_patches/build_kernel.sh; not part of make test: see kernel_patches/README.md).
+# BTF (kernel_patches/build_kernel.sh, cached by its inputs; the first build is the long part of a
+# fresh machine's make test: kernel_patches/README.md has the figures).
 VM_KERNEL ?= debian
-# What building that kernel and scx_cod needs (flex/bison/bc/libelf/libssl for the kernel,
-# dwarves' pahole for its BTF, bpftool for vmlinux.h, clang-19 for scx_cod's BPF).
-SCX_APT_PACKAGES := flex bison bc libelf-dev libssl-dev zlib1g-dev dwarves bpftool clang-19
-VM_TOPOLOGIES := 2x2 4x2
+# What building that kernel and scx_cod needs (flex/bison/bc/libelf/libssl for the kernel, xz for
+# its source, dwarves' pahole for its BTF, bpftool for vmlinux.h, clang-19 for scx_cod's BPF).
+SCX_APT_PACKAGES := flex bison bc libelf-dev libssl-dev zlib1g-dev xz-utils dwarves bpftool clang-19
+# make vm-suites' guests, TOPOLOGY:KERNEL, one after the other: both topologies on Debian's kernel,
+# and the scheduler's tests (vmrun.py's SCX_TESTS) in the 2x2 guest on the sched_ext kernel.
+VM_SUITES := 2x2:debian 4x2:debian 2x2:scx
 VM_TIMEOUT ?= 1800
 VMRUN := $(PYTHON) tests/vm/vmrun.py
 
 
-.PHONY: setup bpf deps demo test bench clean cclient skb-user nri-test vm-deps vm-test vm-shell vm-suites
+.PHONY: setup bpf deps demo test bench clean cclient skb-user nri-test vm-deps scx-deps vm-prepare vm-test vm-shell vm-suites
 
 # The SKB engine's seccomp filter against execve (skb/native/cod_noexec.c, preloaded by skb/lockdown.py).
 NOEXEC_SO := skb/native/cod_noexec.so
@@ -89,28 +92,38 @@ demo: setup
 	$(VPY) clients/python/examples/demo.py
 	$(VPY) clients/cscs/demo.py
 
-test: setup cclient nri-test
+# The guests' kernels (the sched_ext one built unless cached) come before the host suite, so a
+# missing package or network fails make test in its first minutes, with one line saying what.
+test: setup vm-deps scx-deps cclient nri-test
 	$(MAKE) -C clients/cscs check
+	$(MAKE) vm-prepare
 	$(VPY) -m pytest -q $(PYTEST_ARGS)
 	$(MAKE) vm-suites
 
-# Both guests' suites, one after the other (each a boot of its own).
-vm-suites: setup vm-deps
-	@for t in $(VM_TOPOLOGIES); do \
-	  $(VMRUN) test --topology $$t --timeout $(VM_TIMEOUT) || exit $$?; \
+# The guests' suites, one after the other (each a boot of its own).
+vm-suites: setup vm-deps scx-deps
+	@for s in $(VM_SUITES); do \
+	  $(VMRUN) test --topology $${s%:*} --kernel $${s#*:} --timeout $(VM_TIMEOUT) || exit $$?; \
 	done
+
+# Debian's kernel, virtme-ng and the sched_ext kernel with scx_cod, each unless cached.
+vm-prepare: setup vm-deps scx-deps
+	$(VMRUN) prepare --kernel scx
 
 vm-deps:
 	@$(MAKE) -s deps APT_PACKAGES="$(VM_APT_PACKAGES)"
 
+scx-deps:
+	@$(MAKE) -s deps APT_PACKAGES="$(SCX_APT_PACKAGES)"
+
 # One guest: make vm-test [VM_TOPOLOGY=2x2|4x2] [VM_KERNEL=debian|scx] [PYTEST_ARGS='-x tests/vm/test_topology.py']
 vm-test: setup vm-deps
-	@if [ "$(VM_KERNEL)" = scx ]; then $(MAKE) -s deps APT_PACKAGES="$(SCX_APT_PACKAGES)"; fi
+	@if [ "$(VM_KERNEL)" = scx ]; then $(MAKE) -s scx-deps; fi
 	$(VMRUN) test --topology $(VM_TOPOLOGY) --kernel $(VM_KERNEL) --timeout $(VM_TIMEOUT) -- $(PYTEST_ARGS)
 
 # A root shell in the guest (needs a terminal); exit (or Ctrl-D) powers it off.
 vm-shell: setup vm-deps
-	@if [ "$(VM_KERNEL)" = scx ]; then $(MAKE) -s deps APT_PACKAGES="$(SCX_APT_PACKAGES)"; fi
+	@if [ "$(VM_KERNEL)" = scx ]; then $(MAKE) -s scx-deps; fi
 	$(VMRUN) shell --topology $(VM_TOPOLOGY) --kernel $(VM_KERNEL)
 
 # The NRI plugin (clients/nri, docs/kubernetes.md): go vet and its tests against a real `cod rm`.

@@ -184,13 +184,28 @@ def ensure_kernel() -> tuple[str, str, str]:
 
 
 def ensure_scx_kernel() -> str:
-    """The bzImage of the sched_ext kernel, built (and scx_cod with it) unless cached."""
+    """The bzImage of the sched_ext kernel, built (and scx_cod with it) unless cached.  The
+    scripts' output passes through; a failure's reason is their last ``scx-kernel:`` line."""
     script = os.path.join(ROOT, "kernel_patches", "build_scx_cod.sh")
-    log("the sched_ext kernel and scx_cod (kernel_patches/build_scx_cod.sh; the first build takes long)")
-    res = subprocess.run([script], stdout=subprocess.PIPE, text=True)
-    if res.returncode != 0:
-        raise VmError(f"{script} failed ({res.returncode}); its output is above")
-    return os.path.join(res.stdout.strip().splitlines()[-1], "bzImage")
+    log("the sched_ext kernel and scx_cod (kernel_patches/build_scx_cod.sh; a first build takes long)")
+    proc = subprocess.Popen([script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    reason: list[str] = []
+
+    def copy_err() -> None:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            if line.startswith("scx-kernel: "):
+                reason[:] = [line[len("scx-kernel: "):].strip()]
+    copier = threading.Thread(target=copy_err, daemon=True)
+    copier.start()
+    out = proc.stdout.read()
+    rc = proc.wait()
+    copier.join()
+    if rc != 0:
+        why = reason[0] if reason else "its output is above"
+        raise VmError(f"the sched_ext kernel or scx_cod could not be built: {why}")
+    return os.path.join(out.strip().splitlines()[-1], "bzImage")
 
 
 def _kernel_paths(kdir: str) -> tuple[str, str, str]:
