@@ -17,7 +17,6 @@ import argparse
 import json
 import os
 import queue
-import statistics
 import subprocess
 import sys
 import tempfile

@@ -61,7 +61,6 @@ def run_loop(kind: str, execs: int) -> dict:
     wakes = 0
 
     async def main() -> None:
-        nonlocal wakes
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         shell: list[int] = []
