@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import logging
-import os
 import sys
 import termios
 from pathlib import Path
@@ -32,7 +31,7 @@ from . import codec
 from .codec import NO_LIMITS, Limits, Op, Owner, Staged
 from .engine import machine_prolog
 from .errors import SKBError
-from .lifecycle import EngineProcess
+from .lifecycle import EngineProcess, cpu_seconds, startup_verdict
 from .session import STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
 
 if TYPE_CHECKING:
@@ -47,18 +46,6 @@ log = logging.getLogger("cod.skb")
 PING_TIMEOUT_S = 5.0
 PING_MAX_WAIT_S = 30.0
 PING_PROGRESS_CPU_S = 0.25  # CPU time over PING_TIMEOUT_S that shows an engine at work
-
-
-def _cpu_seconds(pid: int | None) -> float:
-    """CPU time (user + system) a process has used so far, 0 if unknown."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
 
 
 class _Pending:
@@ -140,14 +127,22 @@ class AsyncSKB:
         stdout, stdin, proc.stdout, proc.stdin = proc.stdout, proc.stdin, None, None
         self._output, self._protocol = await loop.connect_read_pipe(lambda: _EngineOutput(self), stdout)
         self._stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, stdin)
-        line: bytes | None
-        try:
-            line = await asyncio.wait_for(asyncio.shield(self._startup_line), STARTUP_TIMEOUT_S)
-        except (TimeoutError, EOFError):
-            line = None
+        line, why, waited = None, "", 0.0
+        while why == "":
+            cpu = cpu_seconds(proc.pid)
+            try:
+                line = await asyncio.wait_for(asyncio.shield(self._startup_line), STARTUP_TIMEOUT_S)
+                break
+            except EOFError:
+                break  # started() says how it exited
+            except TimeoutError:
+                waited += STARTUP_TIMEOUT_S
+                why = startup_verdict(waited, cpu_seconds(proc.pid) - cpu) or ""
+                if not why:
+                    log.info("the SKB engine is still starting after %g s (a loaded machine)", waited)
         if not Session.ready(line):
             self._close_pipes()
-        self._engine.started(line)
+        self._engine.started(line, why)
 
     def _close_pipes(self) -> None:
         for t in (self._stdin, self._output):
@@ -330,7 +325,7 @@ class AsyncSKB:
         waited = 0.0
         try:
             while True:
-                before, cpu, read = self._received, _cpu_seconds(self.pid), self._input_read()
+                before, cpu, read = self._received, cpu_seconds(self.pid), self._input_read()
                 try:
                     await asyncio.wait_for(asyncio.shield(pong), PING_TIMEOUT_S)
                     return
@@ -345,7 +340,7 @@ class AsyncSKB:
                     else:
                         log.info("the engine's ping waits behind %d bytes of requests it is reading",
                                  ping_end - now_read)
-                    busy = _cpu_seconds(self.pid) - cpu >= PING_PROGRESS_CPU_S or now_read > read
+                    busy = cpu_seconds(self.pid) - cpu >= PING_PROGRESS_CPU_S or now_read > read
                     if waited >= PING_MAX_WAIT_S:
                         why = f"it answered no ping in {waited:g} s"
                         raise

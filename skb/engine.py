@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from . import codec
 from .codec import NO_LIMITS, PERSISTENT, Limits, Op
 from .errors import SKBError
-from .lifecycle import EngineProcess
+from .lifecycle import EngineProcess, cpu_seconds, startup_verdict
 from .session import STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
 
 if TYPE_CHECKING:
@@ -72,13 +72,18 @@ class SKB:
 
     # ---- lifecycle (skb/lifecycle.py) -----------------------------------
     def _spawn(self) -> None:
-        self._engine.spawn()
+        proc = self._engine.spawn()
         self._lines = []
-        try:
-            line = self._read_line(time.monotonic() + STARTUP_TIMEOUT_S)
-        except TimeoutError:
-            line = None
-        self._engine.started(line)
+        line, why, waited = None, "", 0.0
+        while why == "":
+            cpu = cpu_seconds(proc.pid)
+            try:
+                line = self._read_line(time.monotonic() + STARTUP_TIMEOUT_S)
+                break
+            except TimeoutError:
+                waited += STARTUP_TIMEOUT_S
+                why = startup_verdict(waited, cpu_seconds(proc.pid) - cpu) or ""
+        self._engine.started(line, why)
 
     def _restart(self, why: str) -> None:
         ops = self._engine.restart_ops(why)

@@ -29,7 +29,8 @@ from typing import Callable
 from . import codec, lockdown
 from .codec import Op
 from .errors import SKBError
-from .session import PROLOG_DIR, EngineConfig, Session
+from .session import (PROLOG_DIR, STARTUP_MAX_WAIT_S, STARTUP_PROGRESS_CPU_S, STARTUP_TIMEOUT_S, EngineConfig,
+                      Session)
 from .stderr_log import StderrLog
 
 log = logging.getLogger("cod.skb")
@@ -46,6 +47,29 @@ def _warn_once(key: str, message: str, *args: object) -> None:
     if key not in _warned:
         _warned.add(key)
         log.warning(message, *args)
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """CPU time (user + system) a process has used so far, 0 if unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def startup_verdict(waited_s: float, cpu_used_s: float) -> str | None:
+    """After ``waited_s`` without a ready line, the last STARTUP_TIMEOUT_S of which the engine used
+    ``cpu_used_s`` of CPU: None to wait again (it is starting, slowly), else why it did not start."""
+    if cpu_used_s < STARTUP_PROGRESS_CPU_S:
+        return (f"no ready line in {waited_s:g} s, and it used {cpu_used_s:.2f} s of CPU in the last "
+                f"{STARTUP_TIMEOUT_S:g} s (stuck)")
+    if waited_s >= STARTUP_MAX_WAIT_S:
+        return f"no ready line in {waited_s:g} s, though it kept using CPU (the machine is overloaded)"
+    return None
 
 
 def engine_identity(user: str) -> tuple[int, int]:
@@ -153,11 +177,20 @@ class EngineProcess:
         self.proc = proc
         return proc
 
-    def started(self, line: bytes | None) -> None:
-        """The engine's first line arrived: it is ready, or it is killed and this raises."""
+    def started(self, line: bytes | None, why: str = "") -> None:
+        """The engine's first line arrived (None: none came, for ``why``): it is ready, or it is
+        killed and this raises."""
         if not Session.ready(line):
+            code = None
+            if line is None and not why and self.proc is not None:
+                try:  # its output ended: it is exiting (a failure path; a short blocking wait)
+                    code = self.proc.wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    pass
             self.kill()
-            raise SKBError("engine", f"SWI-Prolog did not start: {line!r}")
+            if line is None:
+                why = why or (f"it exited with status {code}" if code is not None else "no ready line")
+            raise SKBError("engine", f"SWI-Prolog did not start: {why if line is None else repr(line)}")
         if self.config.direct_socket and self.config.socket_permissions is not None:
             self._set_socket_permissions(self.config.direct_socket, self.config.socket_permissions)
 

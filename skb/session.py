@@ -31,7 +31,12 @@ SERVER_FILE = PROLOG_DIR / "cod_server.pl"
 # Grace on top of a query's own time limit before its caller stops waiting
 # (the limit is enforced inside Prolog; this is the backstop).
 WATCHDOG_GRACE_S = 2.0
+# An engine's start: each STARTUP_TIMEOUT_S without its ready line, it must have used
+# STARTUP_PROGRESS_CPU_S of CPU to be waited for again, up to STARTUP_MAX_WAIT_S in all (at load
+# 50-70 on 2 CPUs its ~1 s of start-up CPU took over 20 s of wall time: "did not start").
 STARTUP_TIMEOUT_S = 20.0
+STARTUP_MAX_WAIT_S = 180.0
+STARTUP_PROGRESS_CPU_S = 0.1
 MAX_REPLY_BYTES = 64 << 20
 # A snapshot of the whole state (for the journal) may be larger than any reply to a caller.
 MAX_LINE_BYTES = 1 << 30
@@ -186,4 +191,4 @@ def timeout_for(op: Op, config: EngineConfig, timeout_s: float | None) -> float:
 
 
 __all__ = ["EngineConfig", "Session", "SKBError", "library_dir", "library_files",
-           "STARTUP_TIMEOUT_S", "WATCHDOG_GRACE_S", "MAX_REPLY_BYTES"]
+           "STARTUP_TIMEOUT_S", "STARTUP_MAX_WAIT_S", "STARTUP_PROGRESS_CPU_S", "WATCHDOG_GRACE_S", "MAX_REPLY_BYTES"]

@@ -298,3 +298,37 @@ def test_serving_queries_does_not_grow_a_workers_stack() -> None:
 
     before, after = asyncio.run(scenario())
     assert after < before + (4 << 20), (before, after)  # it was +20 MB per 10,000 queries
+
+
+# ---- an engine's start on a loaded machine (skb/lifecycle.py) --------------------------------------
+@pytest.mark.parametrize("waited, cpu, says", [
+    (20.0, 0.0, "stuck"),            # no CPU used: it will not start by waiting
+    (20.0, 0.05, "stuck"),           # below the progress threshold
+    (20.0, 0.5, None),               # starting, slowly: wait again
+    (160.0, 0.5, None),
+    (180.0, 0.5, "overloaded"),      # the bound on waiting for a slow start
+    (200.0, 2.0, "overloaded"),
+])
+def test_an_engine_is_waited_for_while_it_starts_and_not_longer(waited, cpu, says):
+    from cod.skb.lifecycle import startup_verdict
+
+    got = startup_verdict(waited, cpu)
+    assert (got is None) if says is None else (says in got and f"{waited:g} s" in got)
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_an_engine_that_exits_at_start_says_how(driver, tmp_path):
+    """It said "SWI-Prolog did not start: None" for a start that timed out and one that exited alike."""
+    from cod.skb.session import EngineConfig
+
+    false = str(tmp_path / "false")
+    os.symlink("/bin/false", false)
+    cfg = EngineConfig(swipl=false, load_library=False)
+    with pytest.raises(SKBError, match=r"did not start: it exited with status 1"):
+        if driver == "sync":
+            SKB(config=cfg).close()
+        else:
+            async def start() -> None:
+                engine = await AsyncSKB.start(cfg)
+                await engine.close()
+            asyncio.run(start())
