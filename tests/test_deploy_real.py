@@ -50,6 +50,17 @@ def others_cpus(before: tuple[float, float], after: tuple[float, float], seconds
     return ((after[0] - before[0]) - (after[1] - before[1])) / seconds
 
 
+def first_in_line(tids) -> None:
+    """The paper profiles on an idle machine.  On a shared one (load 50 in a clean-clone run) the
+    threads got less than their duty, then ran over it catching up (join_ol 15 % for 10 %): as
+    root, SCHED_FIFO makes other work wait while they run, so they show their duty (72 % of a CPU
+    in all, under the kernel's 95 % real-time limit: nothing else starves)."""
+    if os.geteuid() != 0:
+        return
+    for tid in tids:
+        os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(1))
+
+
 def last_cpu(pid: int, tid: int) -> int:
     text = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
     return int(text[text.rindex(")") + 2:].split()[36])  # field 39: processor
@@ -61,6 +72,7 @@ def test_profile_deploy_and_pin_named_operator_threads(exe):
     with bench_lock():
         ops = opthreads.start(exe, DUTIES, seconds=120)
         try:
+            first_in_line(ops.tids.values())
             ops.go()
             time.sleep(0.5)
             # The paper profiles on an otherwise idle machine.  On a shared host, a

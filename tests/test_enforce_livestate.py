@@ -59,7 +59,10 @@ def test_cpu_load_sees_a_pinned_spinner(spawn):
 
 
 def test_task_cpu_use_and_departure(spawn):
-    hog, idle = spawn(3, "spin"), spawn(1, "sleep")  # two spinners: well above 0.3 on a shared box
+    hog, idle = spawn(3, "spin"), spawn(1, "sleep")  # three spinners: well above 0.3 on a shared box
+    if os.geteuid() == 0:  # at load 50 three nice-0 spinners got 0.13 CPUs: at nice -10, ~0.7 there
+        for tid in os.listdir(f"/proc/{hog.pid}/task"):
+            os.setpriority(os.PRIO_PROCESS, int(tid), -10)
     sampler = TaskSampler()
     tasks = {"hog": [hog.pid], "idle": [idle.pid]}
     sampler.sample(tasks)
