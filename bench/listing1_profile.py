@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import pstats
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rm_bench import COST_FN, LISTING1_FACTS  # noqa: E402
+from rm_bench import COST_FN, LISTING1_FACTS, listening  # noqa: E402
 
 from cod.client import Client  # noqa: E402
 
@@ -61,15 +60,7 @@ def start_daemon(tmp: Path, profile_out: Path | None) -> subprocess.Popen:
     else:
         cmd = [sys.executable, "-c", PROFILED.format(out=str(profile_out)), "-", *args]
     proc = subprocess.Popen(cmd, stderr=open(tmp / "rm.log", "wb"))
-    for _ in range(600):
-        try:
-            s = socket.socket(socket.AF_UNIX)
-            s.connect(str(sock))
-            s.close()
-            return proc
-        except OSError:
-            time.sleep(0.05)
-    raise SystemExit(f"daemon did not start: {(tmp / 'rm.log').read_text()}")
+    return listening(proc, sock, tmp / "rm.log")
 
 
 def cpu_ns(pid: int) -> tuple[int, int]:

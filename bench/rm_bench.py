@@ -48,7 +48,12 @@ def start_daemon(tmp: Path, machine: str | None) -> subprocess.Popen:
     source = ["--machine", machine] if machine else ["--no-enforce"]
     proc = subprocess.Popen([sys.executable, "-m", "cod.cli.main", "rm", "--socket", str(sock), *source,
                              "--log-level", "warning"], stderr=open(tmp / "rm.log", "wb"))
-    for _ in range(400):
+    return listening(proc, sock, tmp / "rm.log")
+
+
+def listening(proc: subprocess.Popen, sock: Path, log: Path, seconds: float = 30.0) -> subprocess.Popen:
+    """``proc`` once its socket accepts a connection (exits the bench with its log if not)."""
+    for _ in range(int(seconds / 0.05)):
         try:
             s = socket.socket(socket.AF_UNIX)
             s.connect(str(sock))
@@ -56,7 +61,7 @@ def start_daemon(tmp: Path, machine: str | None) -> subprocess.Popen:
             return proc
         except OSError:
             time.sleep(0.05)
-    raise SystemExit(f"daemon did not start: {(tmp / 'rm.log').read_text()}")
+    raise SystemExit(f"daemon did not start: {log.read_text()}")
 
 
 def via_rm(c: Client) -> Client:
