@@ -32,7 +32,7 @@ from .codec import NO_LIMITS, Limits, Op, Owner, Staged
 from .engine import machine_prolog
 from .errors import SKBError
 from .lifecycle import EngineProcess, cpu_seconds, startup_verdict
-from .session import STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
+from .session import STARTUP_MAX_WAIT_S, STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
 
 if TYPE_CHECKING:
     from cod.facts.model import Machine
@@ -108,7 +108,9 @@ class AsyncSKB:
             await self._spawn()
             self._ready.set()
             for op in self._engine.startup_ops():
-                await self._run(op)
+                # Loading the libraries is start-up, not a query: in a TCG guest at host load 40-77
+                # it took over the query timeout's 7 s ("cannot start the SKB: timeout").
+                await self._run(op, STARTUP_MAX_WAIT_S)
         except BaseException:
             await self.close()
             raise

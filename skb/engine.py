@@ -29,7 +29,7 @@ from . import codec
 from .codec import NO_LIMITS, PERSISTENT, Limits, Op
 from .errors import SKBError
 from .lifecycle import EngineProcess, cpu_seconds, startup_verdict
-from .session import STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
+from .session import STARTUP_MAX_WAIT_S, STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
 
 if TYPE_CHECKING:
     from cod.facts.model import Machine
@@ -61,7 +61,7 @@ class SKB:
         try:
             self._spawn()
             for op in self._engine.startup_ops():
-                self._run(op)
+                self._run(op, STARTUP_MAX_WAIT_S)  # start-up, not a query (see AsyncSKB.start)
         except BaseException:
             self._engine.close()
             raise
