@@ -92,7 +92,11 @@ def test_a_lone_caller_reads_its_own_reply_and_the_reader_thread_reads_the_rest(
         other.deregister_task("seen")
         assert got.wait(10)
         me = threading.get_ident()
-        assert [t for kind, t in readers if kind == "reply"] == [me] * 21  # subscribe + 20 queries
+        replies = [t for kind, t in readers if kind == "reply"]
+        # The first call (subscribe) may meet the reader thread that connect started still holding
+        # the token in its first wait (once in a clean-clone run with a spinning shell beside it):
+        # it reads that reply and hands the turn over; the 20 queries after it read their own.
+        assert len(replies) == 21 and replies[0] in (me, c._reader_ident) and replies[1:] == [me] * 20
         assert [(kind, t) for kind, t in readers if kind != "reply"] == [("task_left", c._reader_ident)]
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from cod.client import Client
 from helpers.term import Terminal
+from helpers.waiting import wait_until
 from test_rm_support import COD, Daemon, start_daemon
 
 pytestmark = pytest.mark.slow
@@ -56,6 +57,17 @@ def daemon_with_tasks(tmp_path: Path, sleepers):
     clients = [Client(str(d.path), app="db"), Client(str(d.path), app="olap")]
     clients[0].register_task("scan", pid=sleepers(), min_cores=4, max_cores=8, sensitive=["numa"])
     clients[1].register_task("olap1", pid=sleepers(), min_cores=2, working_set_bytes=8 << 30)
+    # olap1's plan takes CPUs scan gives back: they are its at the next epoch (the revocation
+    # protocol), so the tests read the allocation once none is in transit (the shell once showed
+    # olap1 with two CPUs more than its get_allocation a moment before).
+    def settled() -> bool:
+        def now() -> list[dict]:
+            return [c.get_allocation(t) for c, t in zip(clients, ("scan", "olap1"))]
+        before = now()
+        time.sleep(0.2)
+        return not any(a["releasing"] for a in before) and now() == before
+
+    wait_until(settled, 20, "no CPU in transit")
     yield d, clients
     for c in clients:
         c.close()
