@@ -5,7 +5,6 @@ tens of seconds under TCG."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess

@@ -36,6 +36,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from guestconsole import SCRIPT_STARTED, StderrSplitter, headline, outcome  # noqa: E402
 from topologies import ENV, TOPOLOGIES, topology  # noqa: E402
 
 VNG_VERSION = "1.42"
@@ -230,10 +231,12 @@ def vng_command(topo_name: str, exec_cmd: str | None, verbose: bool,
     cmd = [os.path.join(bindir, "vng"), *kernel_args, "--disable-kvm", "--force-9p",
            "--overlay-rwdir", ROOT, "--user", "root",
            "--cwd", ROOT, f"--qemu-opts=-cpu {QEMU_CPU}", *topology(topo_name).vng_args()]
-    if verbose:
-        cmd.append("--verbose")
     if exec_cmd is not None:
-        cmd += ["--exec", exec_cmd]
+        # The console always comes out (guestconsole.py keeps it); without --verbose, only
+        # the kernel's warnings and worse (the last loglevel= on the command line wins).
+        cmd += ["--verbose", "--exec", exec_cmd] + ([] if verbose else ["--append", "loglevel=4"])
+    elif verbose:
+        cmd.append("--verbose")
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     return cmd, env
 
@@ -241,7 +244,8 @@ def vng_command(topo_name: str, exec_cmd: str | None, verbose: bool,
 def guest_pytest(topo_name: str, pytest_args: list[str], kernel: str = "debian") -> str:
     """The shell command the guest runs: pytest from the project's venv, the topology and kernel named."""
     python = os.path.join(ROOT, ".venv", "bin", "python")
-    return (f"cd {shlex.quote(ROOT)} && export {ENV}={topo_name} COD_VM_KERNEL={kernel} PYTHONDONTWRITEBYTECODE=1 && "
+    return (f"echo {shlex.quote(SCRIPT_STARTED)} >&2 && "
+            f"cd {shlex.quote(ROOT)} && export {ENV}={topo_name} COD_VM_KERNEL={kernel} PYTHONDONTWRITEBYTECODE=1 && "
             f"exec {shlex.quote(python)} -m pytest -p no:cacheprovider {shlex.join(pytest_args)}")
 
 
@@ -259,30 +263,34 @@ def _copy_out(pipe) -> None:
         sys.stdout.buffer.flush()
 
 
-def run_guest(cmd: list[str], env: dict[str, str], timeout: float | None, interactive: bool) -> int:
+def run_guest(cmd: list[str], env: dict[str, str], timeout: float | None, interactive: bool,
+              verbose: bool = False) -> tuple[int, StderrSplitter | None]:
     """Run virtme-ng in its own process group; on a timeout, SIGTERM or Ctrl-C kill that whole
-    group (vng and its qemu), so no guest outlives this program."""
+    group (vng and its qemu), so no guest outlives this program. Returns its exit code and,
+    unless interactive, what its stderr held (the console)."""
     stdin = None if interactive else subprocess.DEVNULL
     scratch = tempfile.mkdtemp(prefix="cod-vm-")  # vng's temporary files, gone even after a kill
     # qemu opens the script's stdout and stderr ports by path, one open per port: on a regular
-    # file they would overwrite each other, so they get a pipe that this program copies out.
-    out = None if interactive else subprocess.PIPE
-    err = None if interactive else subprocess.STDOUT
-    proc = subprocess.Popen(cmd, env=dict(env, TMPDIR=scratch), stdin=stdin, stdout=out, stderr=err,
+    # file they would overwrite each other, so they get pipes that this program copies out.
+    pipe = None if interactive else subprocess.PIPE
+    proc = subprocess.Popen(cmd, env=dict(env, TMPDIR=scratch), stdin=stdin, stdout=pipe, stderr=pipe,
                             start_new_session=not interactive)
+    splitter, copier = None, None
     if not interactive:
-        threading.Thread(target=_copy_out, args=(proc.stdout,), daemon=True).start()
+        copier = threading.Thread(target=_copy_out, args=(proc.stdout,), daemon=True)
+        copier.start()
+        splitter = StderrSplitter(proc.stderr, echo_console=verbose)
 
     def on_term(signum, frame):
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, on_term)
     try:
-        return proc.wait(timeout=timeout)
+        rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         log(f"the guest ran past {timeout:.0f} s: killing it (process group {proc.pid})")
-        return 124
+        rc = 124
     except KeyboardInterrupt:
-        return 130
+        rc = 130
     finally:
         if proc.poll() is None:
             if interactive:
@@ -291,6 +299,32 @@ def run_guest(cmd: list[str], env: dict[str, str], timeout: float | None, intera
                 os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         shutil.rmtree(scratch, ignore_errors=True)
+    if copier is not None:
+        copier.join()
+    return rc, splitter
+
+
+def run_tests(topo_name: str, cmd: list[str], env: dict[str, str], timeout: float, verbose: bool) -> int:
+    """Boot the guest and run its script; boot again (up to BOOT_ATTEMPTS in all) only when
+    the kernel panicked before the script started (guestconsole.py says why)."""
+    attempt = 1
+    while True:
+        start = time.monotonic()
+        rc, splitter = run_guest(cmd, env, timeout, interactive=False, verbose=verbose)
+        console = splitter.join()
+        log(f"the {topo_name} guest ended with {rc} after {time.monotonic() - start:.0f} s")
+        verdict = outcome(rc, splitter.script_started, console, attempt)
+        if verdict.boot_again:
+            log(f"its kernel panicked while booting, before any test ran ({headline(console)}): "
+                f"QEMU's TCG raced the kernel's code patching (tests/vm/guestconsole.py); booting it again")
+            attempt += 1
+            continue
+        if verdict.show_console and not verbose:
+            started = "after the tests started" if splitter.script_started else "before the tests started"
+            log(f"the guest kernel's console {started} (warnings and worse, last lines):")
+            for line in console:
+                print(f"  {line}", file=sys.stderr)
+        return rc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -315,17 +349,14 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.action == "shell":
             cmd, env = vng_command(args.topology, None, args.verbose, args.kernel)
-            return run_guest(cmd, env, None, interactive=True)
+            return run_guest(cmd, env, None, interactive=True)[0]
         tests = with_tests(args.topology, args.pytest_args, args.kernel)
         cmd, env = vng_command(args.topology, guest_pytest(args.topology, tests, args.kernel), args.verbose, args.kernel)
     except VmError as err:
         log(str(err))
         return 2
     log(f"booting the {args.topology} guest, {args.kernel} kernel (TCG; timeout {args.timeout:.0f} s)")
-    start = time.monotonic()
-    rc = run_guest(cmd, env, args.timeout, interactive=False)
-    log(f"the {args.topology} guest ended with {rc} after {time.monotonic() - start:.0f} s")
-    return rc
+    return run_tests(args.topology, cmd, env, args.timeout, args.verbose)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+"""The guest runner's decisions on the host: when a guest is booted again, when its console is
+shown, and how its stderr is split (tests/vm/guestconsole.py). The guests themselves run in
+make test's vm-suites."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vm"))
+from guestconsole import (BOOT_ATTEMPTS, SCRIPT_STARTED, Outcome, StderrSplitter,  # noqa: E402
+                          headline, outcome)
+from vmrun import guest_pytest  # noqa: E402
+
+PANIC = ["[    4.030108] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI",
+         "[    4.032216] RIP: 0010:sched_clock_cpu+0x9/0x190",
+         "[    4.032745] Kernel panic - not syncing: Fatal exception in interrupt"]
+OTHER_PANIC = ["[    0.021879] Kernel panic - not syncing: kernel: panic_on_warn set ..."]
+QUIET = ["[    4.440918] Invalid ELF header magic: != ELF"]
+WARNING = ["[  120.1] BUG: soft lockup - CPU#1 stuck for 22s! [python:301]"]
+
+OUTCOMES = [
+    # rc, script started, console, attempt -> boot again, show console
+    (0, True, QUIET, 1, Outcome(False, False)),
+    (0, True, PANIC, 1, Outcome(False, False)),          # the tests passed: nothing to say
+    (255, False, PANIC, 1, Outcome(True, False)),        # the boot race: boot again
+    (255, False, PANIC, BOOT_ATTEMPTS - 1, Outcome(True, False)),
+    (255, False, PANIC, BOOT_ATTEMPTS, Outcome(False, True)),   # attempts used up
+    (255, True, PANIC, 1, Outcome(False, True)),         # a panic during the tests: reported
+    (255, False, OTHER_PANIC, 1, Outcome(False, True)),  # another boot panic: reported
+    (255, False, QUIET, 1, Outcome(False, True)),        # died, no panic (qemu, OOM): reported
+    (1, False, QUIET, 1, Outcome(False, False)),         # pytest's own failure before 'started'?
+    (1, True, QUIET, 1, Outcome(False, False)),          # tests failed, kernel said nothing
+    (1, True, WARNING, 1, Outcome(False, True)),         # tests failed, kernel complained
+    (124, True, QUIET, 1, Outcome(False, True)),         # timeout
+]
+
+
+@pytest.mark.parametrize("rc,started,console,attempt,expected", OUTCOMES)
+def test_outcome(rc, started, console, attempt, expected):
+    assert outcome(rc, started, console, attempt) == expected
+
+
+def test_headline_is_the_first_alarm():
+    assert headline(QUIET + PANIC) == PANIC[0].strip()
+    assert headline(PANIC[1:] + PANIC[:1]) == PANIC[0].strip()  # the Oops, though its RIP came first
+    assert headline(QUIET) == QUIET[0]
+    assert headline([]) == "(the console said nothing)"
+
+
+def test_the_guest_script_announces_its_start_first():
+    script = guest_pytest("2x2", ["-x", "tests/vm"])
+    assert script.startswith(f"echo '{SCRIPT_STARTED}' >&2 && ")
+
+
+def test_the_splitter_keeps_the_boot_and_console_and_passes_the_scripts_lines(capfd):
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader:
+        splitter = StderrSplitter(reader)
+        with os.fdopen(write_fd, "wb") as writer:
+            writer.write(b"Probing EDD (edd=off to disable)... ok\n"
+                         b"[    0.000000] Linux version 6.12\n"
+                         + SCRIPT_STARTED.encode() + b"\n"
+                         b"Traceback: from the script\n"
+                         b"[   30.5] BUG: soft lockup\n")
+        console = splitter.join()
+    assert splitter.script_started
+    assert console == ["Probing EDD (edd=off to disable)... ok", "[    0.000000] Linux version 6.12",
+                       "[   30.5] BUG: soft lockup"]
+    assert capfd.readouterr().err == "Traceback: from the script\n"

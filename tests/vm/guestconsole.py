@@ -1,0 +1,94 @@
+"""The guest's stderr: its kernel console until the test script starts, the script's stderr after.
+
+virtme-ng writes both the kernel console (warnings and worse: ``loglevel=4``) and the script's
+stderr to its own stderr. Everything before the script's start marker is the boot (console,
+boot loader, qemu's and virtme-ng's own errors): kept, not shown. After it, console lines are
+kept and the script's lines pass through. When the guest ends, ``outcome()`` decides from what
+was kept whether to boot again, and whether the console is worth showing.
+
+Why boot again: QEMU 7.2's multi-threaded TCG sometimes lets a vCPU run the int3 the kernel
+plants while patching its own code after the patch is done (``Oops: int3`` in
+``sched_clock_cpu`` as the kernel marks its clock stable, then ``Kernel panic - not syncing``),
+about one 4x2 boot in 20 here and at the CI's. It happens before any test ran, so a new boot
+loses nothing. Any other boot panic, and any panic after the script started, is reported and
+never retried.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import sys
+import threading
+from dataclasses import dataclass
+
+# The guest prints this on its stderr first: the boot is over and the script runs.
+SCRIPT_STARTED = "cod-vm: the script starts"
+BOOT_ATTEMPTS = 3
+CONSOLE_TAIL_LINES = 60
+PYTEST_EXIT_CODES = range(0, 6)  # pytest's own: ok, failed, interrupted, internal, usage, none
+_CONSOLE_LINE = re.compile(r"^\[\s*\d+\.\d+\] ")
+_ALARM = re.compile(r"Kernel panic|Oops|BUG:|general protection|RIP: ")
+_HEADLINES = ("Oops", "BUG:", "general protection", "Kernel panic", "RIP: ")  # the most telling first
+
+
+@dataclass(frozen=True)
+class Outcome:
+    boot_again: bool
+    show_console: bool
+
+
+def outcome(rc: int, script_started: bool, console: list[str], attempt: int) -> Outcome:
+    """What to do once a guest ended with ``rc``; ``attempt`` counts from 1. Pure."""
+    panicked = any("Kernel panic" in line for line in console)
+    patching_race = any("Oops: int3" in line for line in console)
+    if rc != 0 and not script_started and panicked and patching_race and attempt < BOOT_ATTEMPTS:
+        return Outcome(boot_again=True, show_console=False)
+    if rc == 0:
+        return Outcome(boot_again=False, show_console=False)
+    alarming = any(_ALARM.search(line) for line in console)
+    return Outcome(boot_again=False, show_console=alarming or rc not in PYTEST_EXIT_CODES)
+
+
+def headline(console: list[str]) -> str:
+    """The first line that says what went wrong (an Oops, a BUG, a panic), for a one-line log."""
+    for what in _HEADLINES:
+        for line in console:
+            if what in line:
+                return line.strip()
+    return console[-1].strip() if console else "(the console said nothing)"
+
+
+class StderrSplitter:
+    """Reads the guest's stderr pipe in a thread: the console kept (its last lines), the
+    script's lines copied to this program's stderr."""
+
+    def __init__(self, pipe, echo_console: bool = False) -> None:
+        self.script_started = False
+        self._echo_console = echo_console
+        self.console: collections.deque[str] = collections.deque(maxlen=CONSOLE_TAIL_LINES)
+        self._pipe = pipe
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for raw in iter(self._pipe.readline, b""):
+            line = raw.decode("utf-8", "replace")
+            if self._echo_console:  # --verbose: the whole console, as it comes
+                sys.stderr.write(line)
+                sys.stderr.flush()
+            if not self.script_started:
+                if line.strip() == SCRIPT_STARTED:
+                    self.script_started = True
+                else:
+                    self.console.append(line.rstrip("\n"))
+            elif _CONSOLE_LINE.match(line):
+                self.console.append(line.rstrip("\n"))
+            elif not self._echo_console:
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    def join(self) -> list[str]:
+        """Once the guest is gone: everything read, and the console's last lines."""
+        self._thread.join()
+        return list(self.console)
