@@ -127,6 +127,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--cprofile", action="store_true", help="run the daemon under cProfile (CPU clock)")
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--save-profile", type=Path, help="with --cprofile, also keep the daemon's profile here")
     ap.add_argument("--queries", type=int, default=0, help="also time this many queries through the daemon")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="cod-l1-profile-") as tmpd:
@@ -154,6 +155,8 @@ def main() -> int:
         out["loadavg_after"] = os.getloadavg()[0]
         print(json.dumps(out, indent=1))
         if prof is not None and prof.exists():
+            if args.save_profile is not None:
+                args.save_profile.write_bytes(prof.read_bytes())
             stats = pstats.Stats(str(prof))
             stats.sort_stats("cumulative").print_stats(args.top)
             stats.sort_stats("tottime").print_stats(args.top)
