@@ -74,3 +74,38 @@ def test_params_refuse_missing_and_unknown_fields():
                                             ("invalid", -32051), ("no_such_code", -32050)])
 def test_skb_error_codes_have_a_fixed_place(skb_code, code):
     assert rpc.skb_error_code(skb_code) == code
+
+
+def _request(params_json: str) -> str:
+    return '{"jsonrpc": "2.0", "id": 1, "method": "x", "params": ' + params_json + "}"
+
+
+DEEP = "[" * 70 + "]" * 70
+PLAINLY = [
+    # (what, the frame's text, plainly fine?, its problem's code or None)
+    ("a registration-like request", _request('{"facts": ["a(1)", "b(2)"], "props": {"k": [1, 2]}}'), True, None),
+    ("a non-BMP character as a surrogate pair escape", _request('{"s": "\\ud83d\\ude00"}'), False, None),
+    ("a backslash then u d800, as text", _request('{"s": "\\\\ud800"}'), False, None),
+    ("brackets inside strings only", _request('{"s": "' + "[" * 70 + '"}'), False, None),
+    ("an unpaired surrogate in a value", _request('{"s": "\\ud800"}'), False, rpc.INVALID_REQUEST),
+    ("an unpaired surrogate in a key", _request('{"\\uDC00": 1}'), False, rpc.INVALID_REQUEST),
+    ("nested deeper than allowed", _request('{"deep": ' + DEEP + "}"), False, rpc.PARSE_ERROR),
+    ("64 opening brackets in all, the most it skips", _request('{"d": ' + "[" * 62 + "]" * 62 + "}"), True, None),
+    ("65 opening brackets nested, one level too deep", _request('{"d": ' + "[" * 63 + "]" * 63 + "}"), False,
+     rpc.PARSE_ERROR),
+]
+
+
+@pytest.mark.parametrize("what,text,plain,code", PLAINLY, ids=[p[0] for p in PLAINLY])
+def test_the_walk_is_skipped_only_where_it_finds_nothing(what, text, plain, code):
+    assert rpc.plainly_fine(text) is plain
+    problem = rpc.json_problem(json.loads(text))
+    assert (problem and problem[0]) == code
+    if plain:
+        assert problem is None
+    if code is None:
+        assert parse_request(text.encode()).method == "x"
+    else:
+        with pytest.raises(RpcError) as err:
+            parse_request(text.encode())
+        assert err.value.code == code

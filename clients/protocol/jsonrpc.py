@@ -131,12 +131,13 @@ def parse_request(body: bytes) -> Request:
     reply can still be matched.
     """
     try:
-        msg = json.loads(body.decode("utf-8"))
+        text = body.decode("utf-8")
+        msg = json.loads(text)
     except (UnicodeDecodeError, ValueError) as err:
         raise RpcError(PARSE_ERROR, f"frame is not UTF-8 JSON: {err}") from None
     except RecursionError:
         raise RpcError(PARSE_ERROR, f"frame nests deeper than {MAX_JSON_DEPTH} levels") from None
-    problem = json_problem(msg)
+    problem = None if plainly_fine(text) else json_problem(msg)
     if problem is not None:
         code, text = problem
         rid = msg.get("id") if isinstance(msg, dict) else None
@@ -177,6 +178,17 @@ def loads(data: bytes | str) -> Any:
 _DECODER = json.JSONDecoder(parse_int=_int)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def plainly_fine(text: str) -> bool:
+    """True when the JSON ``text`` (valid UTF-8, so no raw surrogate) surely has no
+    :func:`json_problem`: no escape that may be a surrogate, and fewer opening brackets than the
+    nesting allowed.  False says nothing: the decoded value is then walked.  A request the daemon
+    gets (a registration, a query) is short and shallow, so the walk is skipped for it."""
+    return text.count("[") + text.count("{") <= MAX_JSON_DEPTH and not _SURROGATE_ESCAPE.search(text)
 
 
 def json_problem(value: Any) -> tuple[int, str] | None:
