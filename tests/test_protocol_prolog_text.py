@@ -233,3 +233,31 @@ def test_the_reader_reads_what_swi_prolog_writes_in_canonical_form(skb) -> None:
 
 def test_clause_text_shows_an_unreadable_clause_as_it_came() -> None:
     assert clause_text("not canonical ((") == "not canonical ((."
+
+
+ATOMS = [
+    # (text, as an atom): the same whether the text is short (cached) or long (not)
+    ("abc", "abc"), ("a_B9", "a_B9"), ("Abc", "'Abc'"), ("a b", "'a b'"), ("it's", "'it\\'s'"),
+    ("a\nb", "'a\\nb'"), ("é", "'é'"),
+]
+
+
+@pytest.mark.parametrize("text,expected", ATOMS)
+def test_atoms_short_and_long_are_written_alike(text: str, expected: str) -> None:
+    for _ in range(2):  # the second time from the cache
+        assert atom(text) == expected
+    long = text + "x" * 100  # past the cached length
+    assert atom(long) == (long if expected == text else expected[:-1] + "x" * 100 + "'")
+    assert atom(Written(text)) == expected and type(atom(Written(text))) is str
+
+
+def test_an_unpaired_surrogate_is_refused_every_time() -> None:
+    for _ in range(2):  # a refusal is not cached as an answer
+        with pytest.raises(PrologTextError):
+            atom("a\ud800")
+
+
+def test_terms_of_plain_strings_and_ints_and_their_subclasses() -> None:
+    assert atom("") == "''" and term("abc") == "abc" and term(7) == "7"
+    assert term(True) == "true" and term(Written("_")) == "_"
+    assert term(["a", 1, "B"]) == "[a, 1, 'B']"

@@ -25,6 +25,7 @@ The one reader is :mod:`cod.protocol.terms`.  No I/O here.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Any
@@ -82,9 +83,19 @@ def quoted(text: str, quote: str = "'", *, strict: bool = True) -> str:
 # ---- data ---------------------------------------------------------------------------------------------
 def atom(text: str) -> str:
     """``text`` as a Prolog atom: bare when it is a plain lower-case word, else quoted."""
+    if isinstance(text, str) and len(text) <= _CACHED_ATOM_LEN:
+        return _short_atom(str(text))
     if isinstance(text, str) and _PLAIN_ATOM.match(text):
         return text
     return quoted(text, "'")
+
+
+_CACHED_ATOM_LEN = 64  # names, keys and short values recur (every task's facts name their keys)
+
+
+@functools.lru_cache(maxsize=4096)
+def _short_atom(text: str) -> str:
+    return text if _PLAIN_ATOM.match(text) else quoted(text, "'")
 
 
 def string(text: str) -> str:
@@ -119,6 +130,11 @@ def number(value: int | float, *, special: bool = False) -> str:
 def term(value: Any, sep: str = ", ") -> str:
     """A JSON-like value as a Prolog term: numbers, strings as atoms, lists (items joined by ``sep``),
     True/False/None as the atoms ``true``/``false``/``none``; :class:`Written` text as it is."""
+    kind = type(value)  # the common cases first: a plain string, an int
+    if kind is str:
+        return atom(value)
+    if kind is int:
+        return str(value)
     if isinstance(value, Written):
         return str(value)
     if isinstance(value, bool):
