@@ -54,7 +54,17 @@ def test_errors_are_typed_and_carry_the_servers_code(magny, tmp_path):
         Client.connect(str(tmp_path / "nothing.sock"))
 
 
-def test_register_request_and_upcalls_on_the_handler_thread(magny):
+@pytest.fixture
+def acking(tmp_path):
+    """magny with a revocation deadline no test reaches: these tests assert what an ack releases,
+    so the revocation must still be open when they ack. With magny's 0.5 s a loaded machine (a
+    spinning shell beside make test) let it expire first, and the ack released [] (session 5)."""
+    d = start_daemon(tmp_path, "--machine", "magnycours", "--log-level", "debug", "--revoke-deadline", "60")
+    yield d
+    d.stop()
+
+
+def test_register_request_and_upcalls_on_the_handler_thread(acking):
     seen: list[dict] = []
     arrived: list[dict] = []
     threads: set[threading.Thread] = set()
@@ -63,7 +73,7 @@ def test_register_request_and_upcalls_on_the_handler_thread(magny):
         threads.add(threading.current_thread())
         seen.append(event)
 
-    with Client.connect(str(magny.path), app="dbx") as a, Client.connect(str(magny.path), app="dby") as b:
+    with Client.connect(str(acking.path), app="dbx") as a, Client.connect(str(acking.path), app="dby") as b:
         sub = b.subscribe("task_arrived", None, arrived.append)
         a.register_task("scan", max_cores=12, sensitive=["numa"], on_allocation=on_allocation)
         assert wait_until(lambda: seen and arrived)
@@ -184,7 +194,7 @@ def test_closing_the_client_releases_its_task(magny):
         assert gone[0]["task"] == "shortlived" and gone[0]["reason"] == "client disconnected"
 
 
-def test_ack_allocation_takes_task_then_epoch_as_c_does_and_the_old_order_still_works(magny):
+def test_ack_allocation_takes_task_then_epoch_as_c_does_and_the_old_order_still_works(acking):
     """Issue 32: Python's ack_allocation(epoch, task=) against C's cod_ack_allocation(c, task, epoch).
     The order is now (task, epoch); an int first is the old order: accepted, with a DeprecationWarning."""
     import warnings
@@ -198,7 +208,7 @@ def test_ack_allocation_takes_task_then_epoch_as_c_does_and_the_old_order_still_
         assert wait_until(lambda: c.allocation(task)["epoch"] > before and c.allocation(task)["removed"])
         return c.allocation(task)
 
-    with Client.connect(str(magny.path), app="orders") as c:
+    with Client.connect(str(acking.path), app="orders") as c:
         c.register_task("scan", max_cores=12)
         c.register_task("olap", max_cores=12)
         with warnings.catch_warnings():
@@ -218,7 +228,7 @@ def test_ack_allocation_takes_task_then_epoch_as_c_does_and_the_old_order_still_
                           (lambda: c.ack_allocation(True, 3), "task must be a task name")):
             with pytest.raises(TypeError, match=says):
                 bad()
-    with Client.connect(str(magny.path), app="single") as one:
+    with Client.connect(str(acking.path), app="single") as one:
         one.register_task("only", max_cores=12)
         up = shrink(one, "only", 10)
         with pytest.warns(DeprecationWarning):

@@ -8,8 +8,9 @@ was kept whether to boot again, and whether the console is worth showing.
 
 Why boot again: QEMU 7.2's multi-threaded TCG sometimes lets a vCPU run the int3 the kernel
 plants while patching its own code after the patch is done (``Oops: int3`` in
-``sched_clock_cpu`` as the kernel marks its clock stable, then ``Kernel panic - not syncing``),
-about one 4x2 boot in 20 here and at the CI's. It happens before any test ran, so a new boot
+``sched_clock_cpu`` as the kernel marks its clock stable, or in ``pv_native_safe_halt``, then
+``Kernel panic - not syncing``),
+2 of 48 4x2 boots here, and one at the CI's. It happens before any test ran, so a new boot
 loses nothing. Any other boot panic, and any panic after the script started, is reported and
 never retried.
 """
