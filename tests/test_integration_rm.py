@@ -225,9 +225,11 @@ def test_an_unregistered_hog_is_recorded_kept_apart_and_forgotten_when_it_exits(
         began = time.monotonic()
         wait_until(lambda: hog.pid in others_of(c), 10, "the hog recorded as other_task")
         print(f"\nhog recorded {1e3 * (time.monotonic() - began):.0f} ms after it started")
+        # The listing has it first; its SKB fact is written next, and facts_changed says when (a
+        # clean-clone run beside a spinning shell queried in between and found no fact).
+        wait_upcall(c, lambda p: p.get("event") == "facts_changed" and "other_task" in p["predicates"], 5)
         found = c.call("execute_query", {"goal": f"other_task({hog.pid}, Comm, Cpus)"})["result"]["solutions"]
         assert found and found[0]["Comm"] == "spinner" and found[0]["Cpus"], found
-        wait_upcall(c, lambda p: p.get("event") == "facts_changed" and "other_task" in p["predicates"], 5)
         # db is squeezed to its cores not kept for busy processes (at least its min_cores) ...
         def squeezed():
             plan = c.call("list_tasks")["result"]
