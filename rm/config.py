@@ -79,6 +79,8 @@ class RMConfig:
     resctrl_root: str = "/sys/fs/resctrl"  # cache partitioning (MLS); no resctrl mount there: off (logged)
     memory_migrate: bool = True          # move a task's resident pages to its nodes, in bounded batches (issue 26)
     events_poll_interval_s: float = 0.1  # /proc polling when the proc connector is unavailable (not root)
+    event_loop_rt_priority: int = 0      # 0: the event loop asks for the shortest slice; 1-99: SCHED_FIFO at
+                                         # this priority (root; requests then run real-time too: enforce/slice.py)
     busy_detect: bool = True             # notice unregistered CPU hogs and keep tasks' cores away from them
     busy_interval_s: float = 0.1         # busy sampling period
     busy_threshold: float = 0.5          # cores a process must use ...
@@ -109,10 +111,12 @@ class RMConfig:
 
 ENFORCE_MODES = ("auto", "affinity", "cpuset", "sched_ext", "none")
 from .allocator.model import SOLVERS  # noqa: E402  (one list of solvers)
+from .enforce.slice import RT_PRIORITY_MAX  # noqa: E402
 
 
 _TYPES = {f.name: f.type for f in fields(RMConfig)}
-_MAY_BE_ZERO = frozenset({"unprivileged_max_cores", "recompute_interval_s", "unprivileged_max_priority"})
+_MAY_BE_ZERO = frozenset({"unprivileged_max_cores", "recompute_interval_s", "unprivileged_max_priority",
+                          "event_loop_rt_priority"})
 
 
 def _flag_value(kind: str, text: str) -> Any:
@@ -211,6 +215,9 @@ def build_config(file: str | Path | None = None, sets: list[str] | None = None, 
         raise ConfigError(f"enforce mode {cfg.enforce_mode!r} is not one of {', '.join(ENFORCE_MODES)}")
     if cfg.solver not in SOLVERS:
         raise ConfigError(f"solver {cfg.solver!r} is not one of {', '.join(SOLVERS)}")
+    if cfg.event_loop_rt_priority > RT_PRIORITY_MAX:
+        raise ConfigError(f"event_loop_rt_priority {cfg.event_loop_rt_priority} is above {RT_PRIORITY_MAX} "
+                          "(0: no real-time priority; 1-99: SCHED_FIFO)")
     from .scope import ProcessScope
 
     try:

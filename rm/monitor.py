@@ -33,7 +33,7 @@ from .enforce.busy import BusyDetector, BusyProcess, confine
 from .enforce.livestate import LiveStateSampler
 from .enforce.eventsource import open_source
 from .enforce.procevents import ProcEvent
-from .enforce.slice import request_slice
+from .enforce.slice import request_realtime, request_slice
 from .memory_drift import DriftWatch
 from .registry import Task
 from .scope import ProcessScope
@@ -77,10 +77,7 @@ class Monitor:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         self.source = open_source(prefer_connector=self.root, poll_interval=self.cfg.events_poll_interval_s)
-        try:  # the loop that reads the events gets the CPU when one wakes it (enforce/slice.py)
-            request_slice()
-        except EnforceError as err:
-            log.warning("the event loop keeps the default scheduler slice: %s", err)
+        self._ask_the_scheduler()
         self._watch()
         loop.add_reader(self.source.fileno(), self._on_events)
         if self.cfg.busy_detect:
@@ -97,6 +94,20 @@ class Monitor:
             if self.cfg.busy_detect else "not watched",
             self.cfg.refresh_interval_s,
         )
+
+    def _ask_the_scheduler(self) -> None:
+        """The loop that reads the events gets the CPU when one wakes it (enforce/slice.py)."""
+        if self.cfg.event_loop_rt_priority:
+            try:
+                request_realtime(self.cfg.event_loop_rt_priority)
+                log.info("the event loop runs SCHED_FIFO at priority %d", self.cfg.event_loop_rt_priority)
+                return
+            except EnforceError as err:
+                log.warning("the event loop gets no real-time priority: %s", err)
+        try:
+            request_slice()
+        except EnforceError as err:
+            log.warning("the event loop keeps the default scheduler slice: %s", err)
 
     def close(self) -> None:
         for handle in self._timers:

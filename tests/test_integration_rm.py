@@ -345,6 +345,31 @@ def test_get_allocation_reports_the_solver_its_status_and_what_bound_each_task(t
         d.stop()
 
 
+@needs_root()
+def test_the_event_loop_runs_real_time_when_asked_and_nothing_it_starts_does(tmp_path):
+    """event_loop_rt_priority (enforce/slice.py): the daemon's event loop SCHED_FIFO, reset on fork,
+    so its SKB engine and its other threads stay SCHED_OTHER."""
+    d, parent = enforcing_daemon(tmp_path, "affinity", "--set", "event_loop_rt_priority=1")
+    try:
+        said = wait_until(lambda: re.search(r"runs SCHED_FIFO at priority 1|gets no real-time priority: .*",
+                                            d.log.read_text()), timeout=load_scaled(10.0),
+                          what="the daemon's log saying whether its event loop runs SCHED_FIFO")
+        if said.group(0).startswith("gets no"):  # e.g. a cgroup with no real-time runtime (RT_GROUP_SCHED)
+            pytest.skip(f"this kernel refuses SCHED_FIFO to root here: {said.group(0)}")
+        pid = d.proc.pid
+        assert os.sched_getscheduler(pid) == os.SCHED_FIFO | os.SCHED_RESET_ON_FORK
+        assert os.sched_getparam(pid).sched_priority == 1
+        c = RawConn(d.path)
+        c.hello("rt")  # threads and children it starts from now on
+        assert c.call("execute_query", {"goal": "X = 1"})["result"]["solutions"] == [{"X": 1}]
+        others = [int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid]
+        assert all(os.sched_getscheduler(t) == os.SCHED_OTHER for t in others)
+        engine = int(open(f"/proc/{pid}/task/{pid}/children").read().split()[0])
+        assert os.sched_getscheduler(engine) == os.SCHED_OTHER
+    finally:
+        d.stop()
+
+
 # ---- without root: polling and affinity only ------------------------------------------------------
 @two_cpus
 def test_without_root_the_daemon_polls_pins_by_affinity_and_says_so(tmp_path, spawn, caplog):

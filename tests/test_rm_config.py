@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from cod.rm.config import ConfigError, build_config, default_socket_path
+from cod.rm.config import ConfigError, RMConfig, build_config, default_socket_path
 
 
 def test_flags_override_the_file_which_overrides_defaults(tmp_path):
@@ -30,13 +30,23 @@ def test_rm_table_is_accepted(tmp_path):
     "text, needle",
     [("sockett = 1", "unknown setting 'sockett'"), ("revoke_deadline_s = -1", "revoke_deadline_s"),
      ("enforce = 3", "enforce"), ("socket_mode = \"rwx\"", "socket_mode"), ("x = [", "not valid TOML"),
-     ('log_level = "loud"', "log level")],
+     ('log_level = "loud"', "log level"), ("event_loop_rt_priority = 100", "event_loop_rt_priority 100 is above 99"),
+     ("event_loop_rt_priority = -1", "event_loop_rt_priority must be"),
+     ("event_loop_rt_priority = 1.5", "event_loop_rt_priority must be")],
 )
 def test_bad_settings_are_named(tmp_path, text, needle):
     f = tmp_path / "rm.toml"
     f.write_text(text + "\n")
     with pytest.raises(ConfigError, match=needle.replace("[", r"\[")):
         build_config(f)
+
+
+@pytest.mark.parametrize("value", [0, 1, 99])
+def test_the_event_loops_real_time_priority_is_0_to_99(tmp_path, value):
+    f = tmp_path / "rm.toml"
+    f.write_text(f"event_loop_rt_priority = {value}\n")
+    assert build_config(f).event_loop_rt_priority == value
+    assert RMConfig().event_loop_rt_priority == 0  # off unless asked for
 
 
 def test_machine_and_hwloc_exclude_each_other():
