@@ -12,6 +12,7 @@ import textwrap
 import pytest
 
 from cod.rm.enforce import AffinityEnforcer, CpusetV1Enforcer, EnforceError, NullEnforcer, detect
+from cod.facts.cpulist import parse_cpulist as parse_cpu_list
 from cod.rm.enforce.pinning import own_placement, set_thread_affinity
 from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
 from cod.rm.enforce.procfs import cpus_allowed, pids, read_stat, thread_ids
@@ -401,19 +402,71 @@ def test_v1_cgroup_created_filled_and_removed(state_dir, spawn):
     assert not os.path.exists(os.path.join(MOUNT.path, PARENT))
 
 
+def other_cpusets_on_our_cpus() -> list[str]:
+    """Top-level cpusets of others (other work, another test run) that hold some of our CPUs."""
+    ours = set(CPUS)
+    found = []
+    for d in os.listdir(MOUNT.path):
+        cpus = _read_or_none(os.path.join(MOUNT.path, d, "cpuset.cpus")) if d != PARENT else None
+        if cpus and ours & set(parse_cpu_list(cpus)):
+            found.append(d)
+    return found
+
+
+def _read_or_none(path: str) -> str | None:
+    try:
+        return open(path).read().strip()
+    except OSError:  # not a cpuset, or another run's, gone meanwhile
+        return None
+
+
+def exclusive_enforcer(state_dir: str) -> CpusetV1Enforcer:
+    """Our parent must be exclusive too, and the kernel (6.18 at least) refuses an exclusive cpuset
+    that shares a CPU with any sibling, exclusive or not: while another top-level cpuset (other
+    work, another test run) holds our CPUs the test cannot run, and that is not ours to change. So
+    it is skipped when one is there, before or when the kernel refuses ours (two clean-clone runs
+    at once refused each other's)."""
+    for attempt in range(2):
+        if other_cpusets_on_our_cpus():
+            pytest.skip(f"other top-level cpusets hold our CPUs: {other_cpusets_on_our_cpus()}")
+        try:
+            return CpusetV1Enforcer(MOUNT, state_dir, parent=PARENT, exclusive=True)
+        except EnforceError as err:
+            assert not os.path.exists(os.path.join(MOUNT.path, PARENT)), "a refused start left its parent"
+            if "cpu_exclusive" not in str(err) or attempt == 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+@needs_root()
+@v1_only
+def test_a_refused_exclusive_parent_leaves_no_cgroup(state_dir):
+    """A refused start changes nothing: the parent it made is gone again (a run that failed here
+    once left it, and the next runs' exclusive parents were refused because of it)."""
+    blocker = os.path.join(MOUNT.path, f"{PARENT}-blocker")  # ours: exclusive on every CPU we have
+    os.mkdir(blocker)
+    try:
+        for name in ("cpuset.cpus", "cpuset.mems"):
+            with open(os.path.join(blocker, name), "w") as f:
+                f.write(open(os.path.join(MOUNT.path, name)).read().strip())
+        try:
+            with open(os.path.join(blocker, "cpuset.cpu_exclusive"), "w") as f:
+                f.write("1")
+        except OSError as err:
+            pytest.skip(f"another cpuset holds our CPUs (other work), so ours cannot be exclusive: {err}")
+        with pytest.raises(EnforceError, match=rf"cannot write .* to .*/{PARENT}/cpuset\.cpu"):
+            CpusetV1Enforcer(MOUNT, state_dir, parent=PARENT, exclusive=True)
+        assert not os.path.exists(os.path.join(MOUNT.path, PARENT))
+    finally:
+        os.rmdir(blocker)
+
+
 @needs_root()
 @v1_only
 @two_cpus
 def test_v1_exclusive_cpusets_refuse_overlap(state_dir, spawn):
-    # Our parent must be exclusive too, which the kernel refuses while another top-level cpuset on
-    # this machine (other work, another test run) is exclusive on the same CPUs: not ours to change.
-    others = [d for d in os.listdir(MOUNT.path) if d != PARENT and os.path.isfile(
-        os.path.join(MOUNT.path, d, "cpuset.cpu_exclusive")) and open(
-        os.path.join(MOUNT.path, d, "cpuset.cpu_exclusive")).read().strip() == "1"]
-    if others:
-        pytest.skip(f"other exclusive cpusets on this machine: {others}")
     a, b = spawn(1, "sleep"), spawn(1, "sleep")
-    enf = CpusetV1Enforcer(MOUNT, state_dir, parent=PARENT, exclusive=True)
+    enf = exclusive_enforcer(state_dir)
     try:
         enf.apply("a", [a.pid], [CPUS[0]], [0])
         assert open(os.path.join(MOUNT.path, PARENT, "a", "cpuset.cpu_exclusive")).read().strip() == "1"

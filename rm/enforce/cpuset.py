@@ -119,14 +119,24 @@ class CpusetEnforcer(RecordingEnforcer):
 
     # ---- cgroup plumbing ------------------------------------------------
     def _make_parent(self) -> None:
+        made = False
         if not os.path.isdir(self.parent):
             try:
                 os.mkdir(self.parent)
+                made = True
             except FileExistsError:
                 pass
             except OSError as err:
                 raise EnforceError(f"cannot create cgroup {self.parent}: {err.strerror}") from err
-        self._init_parent()
+        try:
+            self._init_parent()
+        except EnforceError:
+            if made:  # a refused start leaves nothing behind (e.g. an exclusive parent refused)
+                try:
+                    os.rmdir(self.parent)
+                except OSError as err:
+                    log.warning("left cgroup %s in place: %s", self.parent, err.strerror)
+            raise
 
     def _init_parent(self) -> None:
         raise NotImplementedError
