@@ -58,6 +58,12 @@ def remove(path: str) -> None:
     os.rmdir(path)
 
 
+def remove_tree(path: str) -> None:
+    """``remove`` for a cgroup and every cgroup under it, deepest first."""
+    for sub, _dirs, _files in sorted(os.walk(path), key=lambda w: -w[0].count(os.sep)):
+        remove(sub)
+
+
 @contextlib.contextmanager
 def temp_cgroup(tag: str, skip: bool = True) -> Iterator[str]:
     """A new cgroup; without root or a hierarchy the test is skipped (``skip``) or this raises."""
