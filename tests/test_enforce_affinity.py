@@ -11,11 +11,12 @@ import textwrap
 
 import pytest
 
-from cod.rm.enforce import AffinityEnforcer, CpusetV1Enforcer, EnforceError, NullEnforcer, detect
 from cod.facts.cpulist import parse_cpulist as parse_cpu_list
+from cod.rm.enforce import AffinityEnforcer, CpusetV1Enforcer, EnforceError, NullEnforcer, detect
 from cod.rm.enforce.pinning import own_placement, set_thread_affinity
 from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
 from cod.rm.enforce.procfs import cpus_allowed, pids, read_stat, thread_ids
+from helpers.cgroups import remove_tree
 from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
 
 CPUS = sorted(os.sched_getaffinity(0))
@@ -44,6 +45,15 @@ BACKENDS = ["affinity", "cpuset"]
 @pytest.fixture
 def state_dir(tmp_path):
     return str(tmp_path / "state")
+
+
+@pytest.fixture(autouse=True)
+def no_cgroup_left_behind():
+    """Whatever a test's own assertions found, the cgroups it made go with it: a leftover top-level
+    cpuset on these CPUs makes the kernel refuse an exclusive one to every later run."""
+    yield
+    if MOUNT is not None and os.geteuid() == 0 and os.path.isdir(os.path.join(MOUNT.path, PARENT)):
+        remove_tree(os.path.join(MOUNT.path, PARENT))
 
 
 def thread_masks(pid: int) -> dict[int, str]:
