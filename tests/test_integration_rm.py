@@ -52,7 +52,7 @@ def no_cgroup_left_behind(tmp_path):
     (a failed run of test_after_sigkill left one, and two clean-clone runs failed on it)."""
     yield
     mount = find_cpuset_mount() if ROOT else None
-    if mount is not None and os.path.isdir(os.path.join(mount.path, cgroup_parent(tmp_path))):
+    if mount is not None:
         remove_tree(os.path.join(mount.path, cgroup_parent(tmp_path)))
 
 
@@ -368,7 +368,7 @@ def test_get_allocation_reports_the_solver_its_status_and_what_bound_each_task(t
 def test_the_event_loop_runs_real_time_when_asked_and_nothing_it_starts_does(tmp_path):
     """event_loop_rt_priority (enforce/slice.py): the daemon's event loop SCHED_FIFO, reset on fork,
     so its SKB engine and its other threads stay SCHED_OTHER."""
-    d, parent = enforcing_daemon(tmp_path, "affinity", "--set", "event_loop_rt_priority=1")
+    d, _ = enforcing_daemon(tmp_path, "affinity", "--set", "event_loop_rt_priority=1")
     try:
         said = wait_until(lambda: re.search(r"runs SCHED_FIFO at priority 1|gets no real-time priority: .*",
                                             d.log.read_text()), timeout=load_scaled(10.0),

@@ -59,7 +59,7 @@ def remove(path: str) -> None:
 
 
 def remove_tree(path: str) -> None:
-    """``remove`` for a cgroup and every cgroup under it, deepest first."""
+    """``remove`` for a cgroup and every cgroup under it, deepest first (nothing if it is gone)."""
     for sub, _dirs, _files in sorted(os.walk(path), key=lambda w: -w[0].count(os.sep)):
         remove(sub)
 
