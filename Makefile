@@ -37,7 +37,7 @@ SCX_APT_PACKAGES := flex bison bc libelf-dev libssl-dev zlib1g-dev xz-utils dwar
 # make vm-suites' guests, TOPOLOGY:KERNEL, one after the other: both topologies on Debian's kernel,
 # and the scheduler's tests (vmrun.py's SCX_TESTS) in the 2x2 guest on the sched_ext kernel.
 VM_SUITES := 2x2:debian 4x2:debian 2x2:scx
-VM_TIMEOUT ?= 1800
+VM_TIMEOUT ?= 3600
 VMRUN := $(PYTHON) tests/vm/vmrun.py
 
 

@@ -333,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--topology", default="2x2", choices=sorted(TOPOLOGIES))
     parser.add_argument("--kernel", default="debian", choices=KERNELS,
                         help="debian: Debian's 6.12 image; scx: 6.12 built with sched_ext (kernel_patches/)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds before the guest is killed")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before the guest is killed")
     parser.add_argument("--verbose", action="store_true", help="show the guest's kernel console")
     parser.epilog = f"After '--': pytest's arguments (default: {DEFAULT_TESTS})."
     argv = sys.argv[1:] if argv is None else argv
