@@ -34,6 +34,7 @@ from cod.protocol.jsonrpc import (
 )
 from cod.skb.codec import PREDICATE_KINDS
 
+from .enforce import procfs
 from .registry import Connection, Task
 from .busy import other_pid
 from .names import name_problem
@@ -56,14 +57,10 @@ def _name(method: str, what: str, value: Any) -> str:
 
 def _proc_owner(pid: int) -> int:
     """Real uid of process `pid`, from /proc."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Uid:"):
-                    return int(line.split()[1])
-    except (FileNotFoundError, ProcessLookupError, ValueError):
-        pass
-    raise RpcError(NOT_FOUND, f"no process with pid {pid}")
+    uid = procfs.real_uid(pid)
+    if uid is None:
+        raise RpcError(NOT_FOUND, f"no process with pid {pid}")
+    return uid
 
 
 def _task_for(rm: ResourceManager, conn: Connection, p: Params, *, required: bool = True) -> Task | None:

@@ -185,11 +185,40 @@ def test_what_threads_wanted_between_two_readings(old, new, wanted_ms):
 
 
 def test_machine_stat_gives_cpus_and_runnable_threads():
-    from cod.rm.enforce.busy import machine_runnable, machine_ticks
+    from cod.rm.enforce.procfs import machine_runnable, machine_ticks, per_cpu_ticks
     stat = (b"cpu  10 1 4 100 5 0 0 0 0 0\ncpu0 5 0 2 50 0 0 0 0 0 0\ncpu1 5 1 2 50 5 0 0 0 0 0\n"
             b"intr 1\nctxt 5\nprocs_running 9\nprocs_blocked 0\n")
     assert machine_ticks(stat) == (15, 105) and machine_runnable(stat) == (2, 9)
+    assert per_cpu_ticks(stat) == {0: (7, 50), 1: (8, 55)}
     assert machine_runnable(b"cpu  1 0 0 1 0 0 0 0\ncpu0 1 0 0 1 0 0 0 0\n") == (1, 0)  # no procs_running
+
+
+def big_machine_stat(cpus: int, irqs: int, running: int) -> bytes:
+    """/proc/stat of a machine with many CPUs and interrupt lines: several pages long."""
+    lines = [b"cpu  100 0 0 900 0 0 0 0 0 0"] + [b"cpu%d 1 0 0 9 0 0 0 0 0 0" % i for i in range(cpus)]
+    lines.append(b"intr 12345 " + b" ".join(b"%d" % (i % 97) for i in range(irqs)))
+    lines += [b"ctxt 5", b"procs_running %d" % running, b"procs_blocked 0", b""]
+    return b"\n".join(lines)
+
+
+def test_kept_files_read_a_stat_file_longer_than_a_page(tmp_path):
+    # The detector reads /proc/stat through KeptFiles. A machine with 64 CPUs and ~2,000
+    # interrupts writes ~8 KB; one page read lost the CPU lines past it and procs_running, and
+    # with it every "saturated machine" verdict.
+    from cod.rm.enforce.procfs import KeptFiles, machine_runnable
+    path = tmp_path / "stat"
+    path.write_bytes(big_machine_stat(64, 2000, 200))
+    assert path.stat().st_size > 4096
+    kept = KeptFiles()
+    try:
+        for _ in range(2):  # the first read finds the size, the second starts from it
+            data = kept.read(str(path))
+            assert data == path.read_bytes()
+            assert machine_runnable(data) == (64, 200)
+        path.write_bytes(big_machine_stat(2, 10, 3))  # shorter again: read whole, nothing stale
+        assert kept.read(str(path)) == path.read_bytes()
+    finally:
+        kept.close()
 
 
 @pytest.mark.parametrize("idle,runnable,cpus,hidden", [

@@ -90,6 +90,14 @@ def test_every_reader_takes_the_one_root(tmp_path):
     assert procfs.thread_schedstat(100, 101, proc) is None  # no schedstat file
     assert procfs.schedstat_delay_ns(100, proc) == 900
     assert procfs.cgroups(100, proc) == [("12", "cpuset", "/db"), ("0", "", "/user.slice/db.scope")]
+    (tmp_path / "100" / "status").write_text("Name:\tpost\nTgid:\t100\nUid:\t1000\t0\t0\t0\n")
+    (tmp_path / "101").mkdir()  # a thread is reachable as /proc/TID too, with its leader's Tgid
+    (tmp_path / "101" / "status").write_text("Name:\tscan\nTgid:\t100\nUid:\t1000\t0\t0\t0\n")
+    (tmp_path / "100" / "numa_maps").write_bytes(b"7f00 default anon=3 N0=2 N1=1\n")
+    assert procfs.real_uid(100, proc) == 1000  # the real uid, not the effective 0
+    assert procfs.is_process(100, proc) and not procfs.is_process(101, proc)
+    assert procfs.alive(100, proc) and procfs.alive(101, proc)
+    assert procfs.numa_maps(100, proc) == b"7f00 default anon=3 N0=2 N1=1\n"
 
 
 def test_a_process_that_is_gone_reads_none(tmp_path):
@@ -101,6 +109,8 @@ def test_a_process_that_is_gone_reads_none(tmp_path):
     assert procfs.thread_ids(7, proc) == [] and procfs.thread_names(7, proc) == {}
     assert procfs.thread_cpu_ticks(7, 7, proc) is None and procfs.thread_schedstat(7, 7, proc) is None
     assert procfs.schedstat_delay_ns(7, proc) is None
+    assert procfs.real_uid(7, proc) is None and not procfs.is_process(7, proc) and not procfs.alive(7, proc)
+    assert procfs.numa_maps(7, proc) is None
     with pytest.raises(FileNotFoundError):
         procfs.cgroups(7, proc)
 

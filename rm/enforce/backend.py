@@ -20,6 +20,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
+from . import procfs
 from .affinity import AffinityEnforcer
 from .cgroupfs import MOUNTS, find_cpuset_mount
 from .cpuset import CpusetV1Enforcer, CpusetV2Enforcer
@@ -82,13 +83,13 @@ class NullEnforcer:
     def apply(self, task: str, pids: Sequence[int], cpus: Sequence[int], mems: Sequence[int]) -> list[int]:
         check_task_name(task)
         self._tasks[task] = list(pids)
-        return [p for p in pids if os.path.exists(f"/proc/{p}")]
+        return [p for p in pids if procfs.alive(p)]
 
     def add_thread(self, task: str, tid: int) -> bool:
-        return os.path.exists(f"/proc/{tid}")
+        return procfs.alive(tid)
 
     def follow_thread(self, task: str, tid: int) -> bool:
-        return os.path.exists(f"/proc/{tid}")
+        return procfs.alive(tid)
 
     def pin_threads(self, task: str, targets: Mapping[int, Sequence[int]]) -> list[int]:
         return []

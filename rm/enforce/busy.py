@@ -84,29 +84,6 @@ def wanted_ns(old: dict[int, procfs.ThreadSched], new: dict[int, procfs.ThreadSc
     return total
 
 
-def machine_busy_ticks(stat: bytes) -> int:
-    """Busy ticks of all CPUs together (first line of /proc/stat, idle and iowait excluded)."""
-    return machine_ticks(stat)[0]
-
-
-def machine_ticks(stat: bytes) -> tuple[int, int]:
-    """(busy, idle) ticks of all CPUs together (first line of /proc/stat; iowait is idle)."""
-    line = stat.split(b"\n", 1)[0].split()
-    values = [int(v) for v in line[1:9]]  # user nice system idle iowait irq softirq steal
-    return sum(values) - values[3] - values[4], values[3] + values[4]
-
-
-def machine_runnable(stat: bytes) -> tuple[int, int]:
-    """(CPUs, threads runnable now) from /proc/stat (``cpuN`` lines, ``procs_running``; 0 if absent)."""
-    cpus = running = 0
-    for line in stat.split(b"\n"):
-        if line[:3] == b"cpu" and line[3:4].isdigit():
-            cpus += 1
-        elif line.startswith(b"procs_running "):
-            running = int(line.split()[1])
-    return cpus, running
-
-
 class BusyDetector:
     def __init__(self, threshold: float = 0.5, window: int = 3,
                  registered: Callable[[], Collection[int]] | None = None,
@@ -140,8 +117,8 @@ class BusyDetector:
         machine = self._kept.read(f"{self.proc}/stat")
         if machine is None:
             raise EnforceError(f"cannot read {self.proc}/stat")
-        total, idle = machine_ticks(machine)
-        cpus, running = machine_runnable(machine)
+        total, idle = procfs.machine_ticks(machine)
+        cpus, running = procfs.machine_runnable(machine)
         explained = 0
         known: dict[int, _Track] = {}
         paths = {pid: f"{self.proc}/{pid}/stat" for pid in skip}

@@ -77,7 +77,7 @@ def move_into(cgroup_dir: str, ident: int) -> bool:
     except ProcessLookupError:
         return False
     except OSError as err:
-        if err.errno == errno.EINVAL and not os.path.exists(f"/proc/{ident}"):
+        if err.errno == errno.EINVAL and not procfs.alive(ident):
             return False
         raise
 

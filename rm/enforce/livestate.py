@@ -29,19 +29,15 @@ class CpuLoadSampler:
 
     def __init__(self, proc: str = procfs.PROC) -> None:
         self.path = f"{proc}/stat"
+        self._kept = procfs.KeptFiles()
         self._prev: dict[int, tuple[int, int]] = {}
 
     def _read(self) -> dict[int, tuple[int, int]]:
-        counters: dict[int, tuple[int, int]] = {}
-        with open(self.path, "rb") as f:
-            for line in f:
-                if not line.startswith(b"cpu") or line[3:4] == b" ":
-                    continue
-                fields = line.split()
-                values = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
-                idle = values[3] + values[4]
-                counters[int(fields[0][3:])] = (sum(values), idle)
-        return counters
+        """(all, idle) ticks of each CPU."""
+        stat = self._kept.read(self.path)
+        if stat is None:
+            raise FileNotFoundError(self.path)
+        return {cpu: (busy + idle, idle) for cpu, (busy, idle) in procfs.per_cpu_ticks(stat).items()}
 
     def sample(self) -> dict[int, float]:
         now = self._read()
@@ -102,20 +98,14 @@ def parse_numa_maps_bytes(text: bytes) -> dict[int, int]:
 
 def numa_bytes(pid: int, proc: str = procfs.PROC) -> dict[int, int] | None:
     """Resident bytes of ``pid`` per NUMA node; None when it is gone or unreadable."""
-    try:
-        with open(f"{proc}/{pid}/numa_maps", "rb") as f:
-            return parse_numa_maps_bytes(f.read())
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
+    text = procfs.numa_maps(pid, proc)
+    return None if text is None else parse_numa_maps_bytes(text)
 
 
 def numa_pages(pid: int, proc: str = procfs.PROC) -> dict[int, int] | None:
     """Pages of ``pid`` per NUMA node; None when it is gone or unreadable."""
-    try:
-        with open(f"{proc}/{pid}/numa_maps", "rb") as f:
-            return parse_numa_maps(f.read())
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
+    text = procfs.numa_maps(pid, proc)
+    return None if text is None else parse_numa_maps(text)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
-"""The one reader of /proc/PID: what the daemon and the tools need about a process and its threads.
+"""The one reader of /proc: what the daemon and the tools need about a process, its threads
+and the machine's CPU time.
 
-Every parse of ``/proc/PID/stat``, ``task/TID/stat``, ``schedstat``, ``comm``
-and ``status`` is here, used by the enforcer, the busy detector, elastic
+Every parse of ``/proc/PID/stat``, ``task/TID/stat``, ``schedstat``, ``comm``,
+``status``, ``numa_maps``, ``/proc/stat`` and ``/proc/meminfo`` is here, used by the enforcer, the busy detector, elastic
 groups (``rm/elastic/measure.py``) and ``cod profile``
 (``rm/deploy/measure/threads.py``).  As in psutil, every reader takes one root,
 ``proc`` (default ``/proc``), so tests point it at a fake tree; and a process
@@ -281,6 +282,20 @@ def pids(proc: str = PROC) -> list[int]:
     return [int(n) for n in os.listdir(proc) if n.isdigit()]
 
 
+def alive(ident: int, proc: str = PROC) -> bool:
+    """Whether a process or thread ``ident`` exists (a thread id is reachable as /proc/TID too)."""
+    return os.path.exists(f"{proc}/{ident}")
+
+
+def numa_maps(pid: int, proc: str = PROC) -> bytes | None:
+    """``/proc/PID/numa_maps`` as the kernel wrote it; None when the process is gone or hidden."""
+    try:
+        with open(f"{proc}/{pid}/numa_maps", "rb") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+
+
 def status_field(pid: int, name: str, tid: int | None = None, proc: str = PROC) -> str:
     path = f"{proc}/{pid}/status" if tid is None else f"{proc}/{pid}/task/{tid}/status"
     with open(path) as f:
@@ -289,6 +304,22 @@ def status_field(pid: int, name: str, tid: int | None = None, proc: str = PROC) 
             if key == name:
                 return value.strip()
     raise KeyError(f"{path} has no field {name!r}")
+
+
+def real_uid(pid: int, proc: str = PROC) -> int | None:
+    """The real uid of process ``pid`` (``Uid:`` in its status); None when it is gone."""
+    try:
+        return int(status_field(pid, "Uid", proc=proc).split()[0])
+    except (FileNotFoundError, ProcessLookupError, KeyError, ValueError, IndexError):
+        return None
+
+
+def is_process(ident: int, proc: str = PROC) -> bool:
+    """Whether ``ident`` is a live process (its own thread group leader), not another's thread."""
+    try:
+        return int(status_field(ident, "Tgid", proc=proc)) == ident
+    except (OSError, KeyError, ValueError):
+        return False
 
 
 def cpus_allowed(pid: int, tid: int | None = None, proc: str = PROC) -> tuple[int, ...]:
@@ -313,14 +344,23 @@ class KeptFiles:
 
     def __init__(self) -> None:
         self._fds: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}  # a read size that held the whole file last time
 
     def read(self, path: str) -> bytes | None:
-        """The file's content, or None when its process is gone."""
+        """The whole file, or None when its process is gone.  Most are one page; /proc/stat of a
+        machine with many CPUs or interrupts is several, and its last lines (``procs_running``)
+        matter as much as its first."""
         fd = self._fds.get(path)
+        size = self._sizes.get(path, 4096)
         try:
             if fd is None:
                 fd = self._fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            return os.pread(fd, 4096, 0)
+            data = os.pread(fd, size, 0)
+            while len(data) == size:  # perhaps cut short: read it again with room to spare
+                size *= 2
+                self._sizes[path] = size
+                data = os.pread(fd, size, 0)
+            return data
         except (FileNotFoundError, ProcessLookupError):
             self.forget(path)
             return None
@@ -332,12 +372,42 @@ class KeptFiles:
             self.forget(path)
 
     def forget(self, path: str) -> None:
+        self._sizes.pop(path, None)
         fd = self._fds.pop(path, None)
         if fd is not None:
             os.close(fd)
 
     def close(self) -> None:
         self.keep_only(())
+
+
+def cpu_line_ticks(line: bytes) -> tuple[int, int]:
+    """(busy, idle) ticks of one ``cpu`` or ``cpuN`` line of /proc/stat (iowait counts as idle)."""
+    values = [int(v) for v in line.split()[1:9]]  # user nice system idle iowait irq softirq steal
+    idle = values[3] + values[4]
+    return sum(values) - idle, idle
+
+
+def machine_ticks(stat: bytes) -> tuple[int, int]:
+    """(busy, idle) ticks of all CPUs together: the first line of /proc/stat."""
+    return cpu_line_ticks(stat.split(b"\n", 1)[0])
+
+
+def per_cpu_ticks(stat: bytes) -> dict[int, tuple[int, int]]:
+    """(busy, idle) ticks of each CPU, from the ``cpuN`` lines of /proc/stat."""
+    return {int(line.split(None, 1)[0][3:]): cpu_line_ticks(line)
+            for line in stat.split(b"\n") if line[:3] == b"cpu" and line[3:4].isdigit()}
+
+
+def machine_runnable(stat: bytes) -> tuple[int, int]:
+    """(CPUs, threads runnable now) from /proc/stat (``cpuN`` lines, ``procs_running``; 0 if absent)."""
+    cpus = running = 0
+    for line in stat.split(b"\n"):
+        if line[:3] == b"cpu" and line[3:4].isdigit():
+            cpus += 1
+        elif line.startswith(b"procs_running "):
+            running = int(line.split()[1])
+    return cpus, running
 
 
 def _after_comm(data: bytes) -> list[bytes]:

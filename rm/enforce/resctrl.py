@@ -175,7 +175,7 @@ class ResctrlEnforcer:
             try:
                 self.fs.write(rel, str(tid))
             except ResctrlError as err:
-                if os.path.exists(f"/proc/{tid}"):
+                if procfs.alive(tid):
                     raise err
                 # it exited meanwhile
 

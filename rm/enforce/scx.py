@@ -21,6 +21,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
+from . import procfs
 from .errors import EnforceError
 from .recording import check_task_name
 from .scxmaps import MAX_GROUPS, PIN_DIR, ScxMaps, scheduler_state
@@ -147,7 +148,7 @@ class ScxEnforcer:
         check_task_name(task)
         if not cpus:
             raise EnforceError(f"task {task!r}: no CPUs to run on")
-        live = [p for p in pids if os.path.exists(f"/proc/{p}")]
+        live = [p for p in pids if procfs.alive(p)]
         self.tasks[task] = (list(live), tuple(cpus), tuple(mems))
         if self.active and self._guard(f"applying {task}", lambda: (self._write(task, live, cpus), self._write_others())):
             return live
@@ -156,14 +157,14 @@ class ScxEnforcer:
     def add_thread(self, task: str, tid: int) -> bool:
         if task not in self.tasks:
             return False
-        if not os.path.exists(f"/proc/{tid}"):
+        if not procfs.alive(tid):
             return False
         if not self.active:
             return self.fallback.add_thread(task, tid)
         # A thread shares its process's tgid; a child process got its parent's group at fork.
         # Recording it as the task's is what lets a fallback confine it too.
         pids = self.tasks[task][0]
-        if _is_process(tid) and tid not in pids:
+        if procfs.is_process(tid) and tid not in pids:
             pids.append(tid)
             self._guard(f"adding {tid} to {task}", lambda: self.maps and self.maps.set_tgid(tid, self._group(task)))
         return True
@@ -222,14 +223,3 @@ class ScxEnforcer:
             self.maps.close()
             self.maps = None
         self.fallback.close()
-
-
-def _is_process(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Tgid:"):
-                    return int(line.split()[1]) == pid
-    except OSError:
-        pass
-    return False
