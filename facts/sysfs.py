@@ -96,27 +96,32 @@ def _read_set(directory: _Path, list_name: str, mask_name: str) -> tuple[int, ..
     return cpus if cpus is not None else _read_cpumask(directory / mask_name)
 
 
-def _read_kv_kib(path: _Path, keys: tuple[str, ...]) -> dict[str, int]:
-    """``Key: 123 kB`` lines (proc/meminfo, node meminfo with a ``Node N`` prefix) -> bytes."""
-    text = _read(path)
-    if text is None:
-        return {}
+def parse_meminfo(text: str) -> dict[str, int]:
+    """The one parser of meminfo files: ``Key: 123 kB`` lines of /proc/meminfo, or of a node's
+    meminfo with its ``Node N`` prefix, as bytes (a figure without a unit, such as
+    ``HugePages_Total``, as it is).  A line of another shape is skipped."""
     found: dict[str, int] = {}
     for line in text.splitlines():
         name, sep, rest = line.partition(":")
-        if not sep:
+        words, fields = name.split(), rest.split()
+        if not (sep and words and fields and fields[0].isdigit()):
             continue
-        key = name.split()[-1] if name.split() else ""
-        if key not in keys:
-            continue
-        fields = rest.split()
-        try:
-            value = int(fields[0])
-        except (IndexError, ValueError):
-            raise FactsError(f"{path}: bad {key} line {line.strip()!r}") from None
         unit = fields[1].lower() if len(fields) > 1 else ""
-        found[key] = value * 1024 if unit == "kb" else value
+        found[words[-1]] = int(fields[0]) * (1024 if unit == "kb" else 1)
     return found
+
+
+def _read_kv_kib(path: _Path, keys: tuple[str, ...]) -> dict[str, int]:
+    """``keys`` of a meminfo file, in bytes; a line that names one but holds no figure is an error."""
+    text = _read(path)
+    if text is None:
+        return {}
+    table = parse_meminfo(text)
+    for line in text.splitlines():
+        name = line.partition(":")[0].split()
+        if name and name[-1] in keys and name[-1] not in table:
+            raise FactsError(f"{path}: bad {name[-1]} line {line.strip()!r}")
+    return {key: table[key] for key in keys if key in table}
 
 
 def _numbered_dirs(directory: _Path, pattern: re.Pattern[str]) -> list[int]:

@@ -235,3 +235,21 @@ def test_this_machine_agrees_with_hwloc():
     assert len(m.packages) == count("package")
     assert len(m.numa_nodes) == count("numa")
     assert len(m.l3_caches()) == count("l3")
+
+
+@pytest.mark.parametrize("text,table", [
+    ("MemTotal:       24731708 kB\nMemFree:  3979136 kB\n", {"MemTotal": 24731708 * 1024, "MemFree": 3979136 * 1024}),
+    ("Node 1 MemFree:        2048 kB\n", {"MemFree": 2048 * 1024}),  # a node's file: the prefix dropped
+    ("HugePages_Total:       4\n", {"HugePages_Total": 4}),  # a count, not a size
+    ("bogus line\nMemFree: lots kB\n: 5 kB\n", {}),  # other shapes are skipped
+])
+def test_one_parser_reads_every_meminfo_file(text, table):
+    from cod.facts.sysfs import parse_meminfo
+    assert parse_meminfo(text) == table
+
+
+def test_a_meminfo_line_without_its_figure_is_an_error(tmp_path):
+    root = make_tree(tmp_path, nodes={0: [0, 1, 2, 3]})
+    (root / "sys/devices/system/node/node0/meminfo").write_text("Node 0 MemTotal: many kB\n")
+    with pytest.raises(FactsError, match="bad MemTotal line 'Node 0 MemTotal: many kB'"):
+        sysfs.discover(root)

@@ -58,13 +58,9 @@ def node_free_bytes(sys_nodes: str = SYS_NODES, meminfo: str | None = None) -> d
     for name in os.listdir(sys_nodes):
         if not (name.startswith("node") and name[4:].isdigit()):
             continue
-        with open(os.path.join(sys_nodes, name, "meminfo")) as f:
-            for line in f:
-                # "Node 0 MemFree:        12345678 kB"
-                parts = line.split()
-                if len(parts) >= 4 and parts[2] == "MemFree:":
-                    out[int(name[4:])] = int(parts[3]) * 1024
-                    break
+        free = procfs.meminfo(os.path.join(sys_nodes, name, "meminfo")).get("MemFree")
+        if free is not None:
+            out[int(name[4:])] = free
     if len(out) == 1 and meminfo is not None:
         [(node, free)] = out.items()
         out = {node: max(free, procfs.meminfo(meminfo).get("MemFree", 0))}

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from cod.facts.cpulist import format_cpulist as format_cpu_list  # the kernel's list format
 from cod.facts.cpulist import parse_cpulist as parse_cpu_list
+from cod.facts.sysfs import parse_meminfo
 
 PROC = "/proc"
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
@@ -213,18 +214,13 @@ def schedstat_delay_ns(pid: int, proc: str = PROC) -> int | None:
 
 
 def meminfo(path: str = PROC + "/meminfo") -> dict[str, int]:
-    """/proc/meminfo's figures in bytes (``MemTotal``, ``MemFree``, ``MemAvailable``, ...); {} when unreadable."""
-    out: dict[str, int] = {}
+    """A meminfo file's figures in bytes (``MemTotal``, ``MemFree``, ``MemAvailable``, ...): /proc's,
+    or a NUMA node's in sysfs (its ``Node N`` prefix dropped); {} when unreadable."""
     try:
         with open(path) as f:
-            for line in f:
-                key, _, rest = line.partition(":")
-                fields = rest.split()
-                if fields and fields[0].isdigit():
-                    out[key] = int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
+            return parse_meminfo(f.read())
     except OSError:
         return {}
-    return out
 
 
 @dataclass(frozen=True)
