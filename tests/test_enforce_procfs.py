@@ -137,3 +137,37 @@ def test_meminfo_reads_bytes_and_tolerates_a_missing_file(tmp_path):
     assert got["MemTotal"] == 24731708 * 1024 and got["MemAvailable"] == 22524828 * 1024
     assert got["HugePages_Total"] == 0 and "bogus line" not in got
     assert procfs.meminfo(str(tmp_path / "absent")) == {}
+
+
+MOUNTS_TEXT = """sysfs /sys sysfs rw,nosuid 0 0
+cgroup /sys/fs/cgroup/cpuset cgroup rw,nosuid,cpuset 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,memory 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nsdelegate 0 0
+cgroup2 /mnt/my\\040cgroups cgroup2 rw 0 0
+/dev/vda1 /mnt/my\\040cgroups/data ext4 rw 0 0
+"""
+
+
+@pytest.mark.parametrize("path,mount", [
+    ("/sys/fs/cgroup/cpuset/cod/db", "/sys/fs/cgroup/cpuset"),
+    ("/sys/fs/cgroup/unified/user.slice", "/sys/fs/cgroup/unified"),
+    ("/mnt/my cgroups/db.scope", "/mnt/my cgroups"),  # \040 in mounts is a space
+    ("/mnt/my cgroups/data", "/mnt/my cgroups"),  # an ext4 mount below does not count
+    ("/sys/fs/cgroupx", None),
+    ("/tmp/looks-like-a-cgroup", None),
+])
+def test_the_cgroup_mount_that_holds_a_path(tmp_path, path, mount):
+    from cod.rm.elastic.group import cgroup_mount_of
+    mounts = tmp_path / "mounts"
+    mounts.write_text(MOUNTS_TEXT)
+    assert cgroup_mount_of(path, str(mounts)) == mount
+
+
+def test_the_cpuset_mount_is_v1s_before_a_cgroup2(tmp_path):
+    from cod.rm.enforce.cgroupfs import cgroup_mounts, find_cpuset_mount
+    mounts = tmp_path / "mounts"
+    mounts.write_text(MOUNTS_TEXT)
+    assert [m[:2] for m in cgroup_mounts(str(mounts))] == [
+        ("/sys/fs/cgroup/cpuset", "cgroup"), ("/sys/fs/cgroup/memory", "cgroup"),
+        ("/sys/fs/cgroup/unified", "cgroup2"), ("/mnt/my cgroups", "cgroup2")]
+    assert find_cpuset_mount(str(mounts)).describe() == "cgroup v1 cpuset at /sys/fs/cgroup/cpuset"

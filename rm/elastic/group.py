@@ -22,6 +22,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from cod.rm.enforce import procfs
+from cod.rm.enforce.cgroupfs import MOUNTS, cgroup_mounts
 from cod.rm.enforce.procevents import ProcEvent
 
 from .errors import ElasticError, GroupGone
@@ -44,24 +45,13 @@ def _member(pid: int, proc: str) -> Member | None:
     return Member(pid, st.start_time, st.ppid)
 
 
-CGROUP_FS = ("cgroup", "cgroup2")
-
-
-def cgroup_mount_of(path: str, mounts: str = "/proc/self/mounts") -> str | None:
+def cgroup_mount_of(path: str, mounts: str = MOUNTS) -> str | None:
     """The cgroup (v1 or v2) mount point that holds ``path`` (a resolved path), or None.
 
     A directory that merely holds a file named ``cgroup.procs`` is not a cgroup: its "members"
     would be whatever pids its author wrote there."""
-    best = None
-    with open(mounts) as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) < 3 or fields[2] not in CGROUP_FS:
-                continue
-            point = fields[1].replace("\\040", " ")
-            if os.path.commonpath([point, path]) == point and (best is None or len(point) > len(best)):
-                best = point
-    return best
+    held = [point for point, _, _ in cgroup_mounts(mounts) if os.path.commonpath([point, path]) == point]
+    return max(held, key=len, default=None)
 
 
 class CgroupGroup:

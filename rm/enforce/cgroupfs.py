@@ -21,21 +21,26 @@ class CpusetMount:
         return f"cgroup v{self.version} cpuset at {self.path}"
 
 
+def cgroup_mounts(mounts: str = MOUNTS) -> list[tuple[str, str, list[str]]]:
+    """(mount point, ``cgroup`` or ``cgroup2``, options) of every cgroup mount, in mount order."""
+    found = []
+    with open(mounts) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 4 and fields[2] in ("cgroup", "cgroup2"):
+                found.append((fields[1].replace("\\040", " "), fields[2], fields[3].split(",")))
+    return found
+
+
 def find_cpuset_mount(mounts: str = MOUNTS) -> CpusetMount | None:
     """The cpuset controller's mount: v1 ``cgroup ... cpuset`` first, else a cgroup2 mount
     whose ``cgroup.controllers`` lists cpuset.  None when neither exists."""
     v2: list[str] = []
-    with open(mounts) as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) < 4:
-                continue
-            path, fstype, options = fields[1], fields[2], fields[3].split(",")
-            path = path.replace("\\040", " ")
-            if fstype == "cgroup" and "cpuset" in options:
-                return CpusetMount(1, path)
-            if fstype == "cgroup2":
-                v2.append(path)
+    for path, fstype, options in cgroup_mounts(mounts):
+        if fstype == "cgroup" and "cpuset" in options:
+            return CpusetMount(1, path)
+        if fstype == "cgroup2":
+            v2.append(path)
     for path in v2:
         try:
             with open(os.path.join(path, "cgroup.controllers")) as f:
