@@ -2,13 +2,16 @@
 and the machine's CPU time.
 
 Every parse of ``/proc/PID/stat``, ``task/TID/stat``, ``schedstat``, ``comm``,
-``status``, ``numa_maps``, ``/proc/stat`` and ``/proc/meminfo`` is here, used by the enforcer, the busy detector, elastic
-groups (``rm/elastic/measure.py``) and ``cod profile``
-(``rm/deploy/measure/threads.py``).  As in psutil, every reader takes one root,
-``proc`` (default ``/proc``), so tests point it at a fake tree; and a process
-is identified by (pid, start time), so that a pid reused by a new process is
-never mistaken for the one we pinned.  A reader of a process that is gone
-answers None (or [] / {}), never a half-read value.
+``status``, ``numa_maps``, ``/proc/stat`` and ``/proc/meminfo`` (its lines parsed by
+``cod.facts.sysfs.parse_meminfo``) is here, used by the enforcer, the busy detector,
+the live state, elastic groups (``rm/elastic/measure.py``) and ``cod profile``
+(``rm/deploy/measure/threads.py``).  The one exception is the SKB's watch of its own
+engine's CPU time (``skb/lifecycle.py``), which keeps the SKB free of the RM's packages.
+
+As in psutil, every reader takes one root, ``proc`` (default ``/proc``), so tests point
+it at a fake tree; and a process is identified by (pid, start time), so that a pid
+reused by a new process is never mistaken for the one we pinned.  A reader of a process
+that is gone answers None (or [] / {}), never a half-read value.
 """
 
 from __future__ import annotations
