@@ -6,7 +6,8 @@
   same request frame between two processes (bench/echo_floor.py), C client to the C server and
   Python client to the Python server; the asyncio echo server (the floor before issue 31) as a
   labelled column.  Targets: C <= 1.25x Python; C <= 4x the C blocking echo; Python <= 5x the
-  Python blocking echo.
+  Python blocking echo.  Each round measures the floors and the queries again with every CPU
+  kept from halting (bench/awake.py), a diagnostic column of its own (``cpus_kept_awake``).
 * add_facts: batches of 10,000 facts, one `cod_add_facts` each (target >= 100,000 facts/s),
   interleaved with the Python client's `add_facts` of the same size and the SKB engine adding
   them alone (no socket, no RM: the floor any client can reach); the C client's own CPU time.
@@ -33,6 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from awake import AwakeCpus  # noqa: E402
 from echo_floor import EchoServers  # noqa: E402
 from rm_bench import bench_listing1, bench_query_client, start_daemon  # noqa: E402
 
@@ -52,6 +54,16 @@ def merge(rounds: list[dict]) -> dict:
     return {"n": sum(r["n"] for r in rounds), "median_us": round(statistics.median(r["median_us"] for r in rounds), 1),
             "p99_us": round(max(r["p99_us"] for r in rounds), 1),
             "round_medians_us": [r["median_us"] for r in rounds]}
+
+
+def awake_column(awake: dict[str, list[dict]]) -> dict:
+    """The queries and their floors measured with SCHED_IDLE spinners keeping every CPU from
+    halting (bench/awake.py): what the path costs when no wake-up waits for a halted CPU."""
+    got = {k: merge(v) for k, v in awake.items()}
+    med = {k: v["median_us"] for k, v in got.items()}
+    return got | {"ratios": {"query_c_over_c_blocking_echo": round(med["c_query"] / med["c_echo"], 2),
+                             "query_python_over_python_blocking_echo": round(med["py_query"] / med["py_echo"], 2)},
+                  "note": "diagnostic only: the targets are judged on the idle machine's columns"}
 
 
 def add_facts_side_by_side(sock: str, machine: str, batches: int) -> dict:
@@ -135,12 +147,19 @@ def main() -> int:
             try:
                 c_echo, c_echo_async, py_echo, py_query = [], [], [], []
                 c_query = []
+                awake: dict[str, list[dict]] = {"c_echo": [], "py_echo": [], "c_query": [], "py_query": []}
                 for _ in range(rounds):
                     c_echo.append(c_bench("echo", echo.paths["c"], per_round))
                     c_echo_async.append(c_bench("echo", echo.paths["asyncio"], per_round))
                     py_echo.append(echo.python_client("python", per_round))
                     c_query.append(c_bench("query", sock, per_round))
                     py_query.append(bench_query_client(sock, per_round))
+                    with AwakeCpus():  # the same, with no CPU halted between the steps
+                        awake["c_echo"].append(c_bench("echo", echo.paths["c"], per_round))
+                        awake["py_echo"].append(echo.python_client("python", per_round))
+                        awake["c_query"].append(c_bench("query", sock, per_round))
+                        awake["py_query"].append(bench_query_client(sock, per_round)["direct"])
+                results["cpus_kept_awake"] = awake_column(awake)
                 results["echo_c_blocking"] = merge(c_echo)
                 results["echo_python_blocking"] = merge(py_echo)
                 results["echo_c_to_asyncio_server_old_floor"] = merge(c_echo_async)
