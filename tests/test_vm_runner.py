@@ -10,8 +10,8 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vm"))
-from guestconsole import (BOOT_ATTEMPTS, SCRIPT_STARTED, Outcome, StderrSplitter,  # noqa: E402
-                          headline, outcome)
+from guestconsole import (BOOT_ATTEMPTS, CONSOLE_TAIL_LINES, FIRST_ALARMS_KEPT, SCRIPT_STARTED,  # noqa: E402
+                          Outcome, StderrSplitter, headline, kept_console, outcome)
 from vmrun import guest_pytest  # noqa: E402
 
 PANIC = ["[    4.030108] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI",
@@ -70,3 +70,45 @@ def test_the_splitter_keeps_the_boot_and_console_and_passes_the_scripts_lines(ca
     assert console == ["Probing EDD (edd=off to disable)... ok", "[    0.000000] Linux version 6.12",
                        "[   30.5] BUG: soft lockup"]
     assert capfd.readouterr().err == "Traceback: from the script\n"
+
+
+def console_line(n: int, text: str = "ok") -> str:
+    return f"[{n:5d}.000000] {text}"
+
+
+@pytest.mark.parametrize("alarms,tail,seen,kept", [
+    # everything still in the tail: the tail alone
+    ([(2, "Oops #1")], ["a", "Oops #1", "b"], 3, ["a", "Oops #1", "b"]),
+    # the first Oops scrolled out of the tail: it comes first, then how much was left out
+    ([(1, "Oops #1"), (90, "Oops #2")], ["Oops #2", "z"], 91, ["Oops #1", "... (88 more console lines left out)", "Oops #2", "z"]),
+    ([], ["z"], 500, ["z"]),  # no alarm at all
+])
+def test_the_first_alarms_outlive_the_tail(alarms, tail, seen, kept):
+    assert kept_console(alarms, tail, seen) == kept
+
+
+def test_a_panics_first_oops_is_its_headline_after_a_long_trace():
+    # Three Oopses with 40-line traces each: the tail of 60 lines holds only the last, and the
+    # headline must still be the first (the cause), as it was not in a CI log before this fix.
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader:
+        splitter = StderrSplitter(reader)
+        with os.fdopen(write_fd, "wb") as writer:
+            n = 0
+            for k in (1, 2, 3):
+                n += 1
+                writer.write((console_line(n, f"Oops: int3: 0000 [#{k}] PREEMPT SMP NOPTI") + "\n").encode())
+                for _ in range(40):
+                    n += 1
+                    writer.write((console_line(n, "  ? trace_frame+0x1/0x2") + "\n").encode())
+            n += 1
+            writer.write((console_line(n, "Kernel panic - not syncing: Fatal exception") + "\n").encode())
+        console = splitter.join()
+    assert n > CONSOLE_TAIL_LINES and 3 <= FIRST_ALARMS_KEPT
+    assert headline(console) == console_line(1, "Oops: int3: 0000 [#1] PREEMPT SMP NOPTI")
+    assert outcome(255, False, console, 1) == Outcome(True, False)  # still the boot race
+    # the Oopses #1 and #2 (the tail starts within #3's trace), the count, the tail
+    assert console[:3] == [console_line(1, "Oops: int3: 0000 [#1] PREEMPT SMP NOPTI"),
+                           console_line(42, "Oops: int3: 0000 [#2] PREEMPT SMP NOPTI"),
+                           f"... ({n - CONSOLE_TAIL_LINES - 2} more console lines left out)"]
+    assert len(console) == CONSOLE_TAIL_LINES + 3

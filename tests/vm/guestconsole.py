@@ -27,6 +27,7 @@ from dataclasses import dataclass
 SCRIPT_STARTED = "cod-vm: the script starts"
 BOOT_ATTEMPTS = 3
 CONSOLE_TAIL_LINES = 60
+FIRST_ALARMS_KEPT = 8  # a panic's first Oops is its cause; later ones can push it out of the tail
 PYTEST_EXIT_CODES = range(0, 6)  # pytest's own: ok, failed, interrupted, internal, usage, none
 _CONSOLE_LINE = re.compile(r"^\[\s*\d+\.\d+\] ")
 _ALARM = re.compile(r"Kernel panic|Oops|BUG:|general protection|RIP: ")
@@ -51,6 +52,17 @@ def outcome(rc: int, script_started: bool, console: list[str], attempt: int) -> 
     return Outcome(boot_again=False, show_console=alarming or rc not in PYTEST_EXIT_CODES)
 
 
+def kept_console(first_alarms: list[tuple[int, str]], tail: list[str], seen: int) -> list[str]:
+    """The console as kept: the first alarming lines that the tail no longer holds (each with its
+    line number, counting from 1), a line saying how many were left out, then the tail of the
+    ``seen`` lines.  Pure."""
+    tail_starts = seen - len(tail) + 1
+    early = [line for number, line in first_alarms if number < tail_starts]
+    if not early:
+        return list(tail)
+    return early + [f"... ({tail_starts - 1 - len(early)} more console lines left out)"] + list(tail)
+
+
 def headline(console: list[str]) -> str:
     """The first line that says what went wrong (an Oops, a BUG, a panic), for a one-line log."""
     for what in _HEADLINES:
@@ -68,6 +80,8 @@ class StderrSplitter:
         self.script_started = False
         self._echo_console = echo_console
         self.console: collections.deque[str] = collections.deque(maxlen=CONSOLE_TAIL_LINES)
+        self.first_alarms: list[tuple[int, str]] = []  # (line number, line)
+        self.seen = 0  # console lines read
         self._pipe = pipe
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -82,14 +96,20 @@ class StderrSplitter:
                 if line.strip() == SCRIPT_STARTED:
                     self.script_started = True
                 else:
-                    self.console.append(line.rstrip("\n"))
+                    self._keep(line.rstrip("\n"))
             elif _CONSOLE_LINE.match(line):
-                self.console.append(line.rstrip("\n"))
+                self._keep(line.rstrip("\n"))
             elif not self._echo_console:
                 sys.stderr.write(line)
                 sys.stderr.flush()
 
+    def _keep(self, line: str) -> None:
+        self.seen += 1
+        self.console.append(line)
+        if len(self.first_alarms) < FIRST_ALARMS_KEPT and _ALARM.search(line):
+            self.first_alarms.append((self.seen, line))
+
     def join(self) -> list[str]:
-        """Once the guest is gone: everything read, and the console's last lines."""
+        """Once the guest is gone: everything read, and the console as kept (``kept_console``)."""
         self._thread.join()
-        return list(self.console)
+        return kept_console(self.first_alarms, list(self.console), self.seen)
