@@ -58,6 +58,14 @@ class BusyPolicy:
     def forgotten(self, quiet_run: int) -> bool:
         return quiet_run >= self.quiet_window
 
+    def demand(self, recent: list[float], threads: int) -> float:
+        """Cores a reported process uses or wants: the mean of its window, at most one core per
+        thread.  A sample that says more is the clocks' artefact, not demand: in a loaded TCG
+        guest a one-thread spinner measured 6.67 cores, was given three CPUs instead of one, and
+        one of them on the node kept for a NUMA-sensitive task."""
+        mean = sum(recent) / len(recent)
+        return min(mean, float(threads)) if threads > 0 else mean
+
     def worth_reading_wait(self, use: float) -> bool:
         """Only a process that runs at all can be starved: its run-queue wait is read from here.
         Any CPU time counts: four spinners sharing one CPU with a busy neighbour got under an

@@ -232,6 +232,39 @@ def test_demand_is_hidden_only_on_a_saturated_machine(idle, runnable, cpus, hidd
     assert BusyPolicy(threshold=0.5).demand_hidden(idle, runnable, cpus) is hidden
 
 
+@pytest.mark.parametrize("recent,threads,demand", [
+    ([0.8, 1.0, 0.9], 1, 0.9),  # the window's mean
+    ([6.67, 1.0, 1.0], 1, 1.0),  # a clock's artefact: one thread uses one core at most
+    ([3.0, 3.2, 2.8], 2, 2.0),
+    ([3.0, 3.0, 3.0], 4, 3.0),  # under the bound: as measured
+    ([1.0], 0, 1.0),  # a thread count the kernel did not give: no bound
+])
+def test_a_process_demands_at_most_a_core_per_thread(recent, threads, demand):
+    from cod.rm.busy import BusyPolicy
+    assert BusyPolicy(threshold=0.5).demand(recent, threads) == pytest.approx(demand)
+
+
+def test_a_one_thread_hog_measured_above_a_core_is_reported_at_one(tmp_path, spawn):
+    # A loaded TCG guest's clocks made a one-thread spinner measure 6.67 cores in one sample
+    # (CI-like clean-clone run, tests/vm/test_rm_numa.py); the report must not pass that on.
+    other = spawn(1, "sleep").pid  # a real pid, so its affinity can be read
+    t = [0.0]
+    det = BusyDetector(threshold=0.15, window=2, registered=lambda: set(), proc=str(tmp_path),
+                       clock=lambda: t[0], quiet_window=2)
+    det.me = 1
+    busy = oth = 0
+    reported = []
+    for extra in (0, 20, 667, 20):
+        oth += extra
+        busy += extra
+        write_machine(tmp_path, busy)
+        write_stat(tmp_path, other, oth)  # num_threads 1
+        reported = det.sample()
+        t[0] += 1.0
+    assert [b.pid for b in reported] == [other]
+    assert reported[0].cpu == 1.0  # the window (6.67, 0.2) means 3.4 cores: bounded by its one thread
+
+
 @pytest.mark.parametrize("cores,age,read", [(0.3, 60.0, True), (0.2, 60.0, False), (0.0, 0.5, True), (0.0, 5.0, False)])
 def test_wait_baseline_for_processes_busy_over_their_life_or_young(cores, age, read):
     from cod.rm.busy import BusyPolicy

@@ -242,7 +242,8 @@ class BusyDetector:
                 continue
             if st.start_time != tr.start:
                 continue
-            out.append(BusyProcess(pid, st.start_time, st.comm, sum(tr.recent) / len(tr.recent), cpus, st.processor))
+            cores = self.policy.demand(tr.recent, st.num_threads)
+            out.append(BusyProcess(pid, st.start_time, st.comm, cores, cpus, st.processor))
         out.sort(key=lambda b: (-b.cpu, b.pid))
         return out
 
