@@ -57,7 +57,7 @@ def merge(rounds: list[dict]) -> dict:
 
 
 def awake_column(awake: dict[str, list[dict]]) -> dict:
-    """The queries and their floors measured with SCHED_IDLE spinners keeping every CPU from
+    """The queries and their floors measured with nice-19 spinners keeping every CPU from
     halting (bench/awake.py): what the path costs when no wake-up waits for a halted CPU."""
     got = {k: merge(v) for k, v in awake.items()}
     med = {k: v["median_us"] for k, v in got.items()}
