@@ -28,7 +28,9 @@ OUTCOMES = [
     (255, False, PANIC, 1, Outcome(True, False)),        # the boot race: boot again
     (255, False, PANIC, BOOT_ATTEMPTS - 1, Outcome(True, False)),
     (255, False, PANIC, BOOT_ATTEMPTS, Outcome(False, True)),   # attempts used up
-    (255, True, PANIC, 1, Outcome(False, True)),         # a panic during the tests: reported
+    (255, True, PANIC, 1, Outcome(True, True)),          # the race during the tests: run again, console shown
+    (255, True, PANIC, BOOT_ATTEMPTS, Outcome(False, True)),    # attempts used up
+    (255, True, OTHER_PANIC, 1, Outcome(False, True)),   # another panic during the tests: reported
     (255, False, OTHER_PANIC, 1, Outcome(False, True)),  # another boot panic: reported
     (255, False, QUIET, 1, Outcome(False, True)),        # died, no panic (qemu, OOM): reported
     (1, False, QUIET, 1, Outcome(False, False)),         # pytest's own failure before 'started'?

@@ -306,7 +306,7 @@ def run_guest(cmd: list[str], env: dict[str, str], timeout: float | None, intera
 
 def run_tests(topo_name: str, cmd: list[str], env: dict[str, str], timeout: float, verbose: bool) -> int:
     """Boot the guest and run its script; boot again (up to BOOT_ATTEMPTS in all) only when
-    the kernel panicked before the script started (guestconsole.py says why)."""
+    the kernel panicked in QEMU's code-patching race (guestconsole.py says why)."""
     attempt = 1
     while True:
         start = time.monotonic()
@@ -314,16 +314,18 @@ def run_tests(topo_name: str, cmd: list[str], env: dict[str, str], timeout: floa
         console = splitter.join()
         log(f"the {topo_name} guest ended with {rc} after {time.monotonic() - start:.0f} s")
         verdict = outcome(rc, splitter.script_started, console, attempt)
-        if verdict.boot_again:
-            log(f"its kernel panicked while booting, before any test ran ({headline(console)}): "
-                f"QEMU's TCG raced the kernel's code patching (tests/vm/guestconsole.py); booting it again")
-            attempt += 1
-            continue
         if verdict.show_console and not verbose:
             started = "after the tests started" if splitter.script_started else "before the tests started"
             log(f"the guest kernel's console {started} (warnings and worse, last lines):")
             for line in console:
                 print(f"  {line}", file=sys.stderr)
+        if verdict.boot_again:
+            when = "during the tests" if splitter.script_started else "while booting, before any test ran"
+            again = "running the suite again in a new guest" if splitter.script_started else "booting it again"
+            log(f"its kernel panicked {when} ({headline(console)}): QEMU's TCG raced the kernel's "
+                f"code patching (tests/vm/guestconsole.py); {again}")
+            attempt += 1
+            continue
         return rc
 
 
