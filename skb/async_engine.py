@@ -31,7 +31,7 @@ from . import codec
 from .codec import NO_LIMITS, Limits, Op, Owner, Staged
 from .engine import machine_prolog
 from .errors import SKBError
-from .lifecycle import EngineProcess, cpu_seconds, startup_verdict
+from .lifecycle import EngineProcess, StartupWatch, cpu_seconds
 from .session import STARTUP_MAX_WAIT_S, STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
 
 if TYPE_CHECKING:
@@ -129,19 +129,17 @@ class AsyncSKB:
         stdout, stdin, proc.stdout, proc.stdin = proc.stdout, proc.stdin, None, None
         self._output, self._protocol = await loop.connect_read_pipe(lambda: _EngineOutput(self), stdout)
         self._stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, stdin)
-        line, why, waited = None, "", 0.0
+        watch, line, why = StartupWatch(proc.pid), None, ""
         while why == "":
-            cpu = cpu_seconds(proc.pid)
             try:
                 line = await asyncio.wait_for(asyncio.shield(self._startup_line), STARTUP_TIMEOUT_S)
                 break
             except EOFError:
                 break  # started() says how it exited
             except TimeoutError:
-                waited += STARTUP_TIMEOUT_S
-                why = startup_verdict(waited, cpu_seconds(proc.pid) - cpu) or ""
+                why = watch.period_over()
                 if not why:
-                    log.info("the SKB engine is still starting after %g s (a loaded machine)", waited)
+                    log.info("the SKB engine is still starting after %g s (a loaded machine)", watch.waited_s)
         if not Session.ready(line):
             self._close_pipes()
         self._engine.started(line, why)

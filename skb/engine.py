@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from . import codec
 from .codec import NO_LIMITS, PERSISTENT, Limits, Op
 from .errors import SKBError
-from .lifecycle import EngineProcess, cpu_seconds, startup_verdict
+from .lifecycle import EngineProcess, StartupWatch
 from .session import STARTUP_MAX_WAIT_S, STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
 
 if TYPE_CHECKING:
@@ -74,15 +74,13 @@ class SKB:
     def _spawn(self) -> None:
         proc = self._engine.spawn()
         self._lines = []
-        line, why, waited = None, "", 0.0
+        watch, line, why = StartupWatch(proc.pid), None, ""
         while why == "":
-            cpu = cpu_seconds(proc.pid)
             try:
                 line = self._read_line(time.monotonic() + STARTUP_TIMEOUT_S)
                 break
             except TimeoutError:
-                waited += STARTUP_TIMEOUT_S
-                why = startup_verdict(waited, cpu_seconds(proc.pid) - cpu) or ""
+                why = watch.period_over()
         self._engine.started(line, why)
 
     def _restart(self, why: str) -> None:

@@ -72,6 +72,24 @@ def startup_verdict(waited_s: float, cpu_used_s: float) -> str | None:
     return None
 
 
+class StartupWatch:
+    """The wait for a starting engine's ready line, one STARTUP_TIMEOUT_S period at a time (both
+    drivers wait so): after each period without it, ``period_over`` says whether to wait again."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid = pid
+        self.waited_s = 0.0
+        self._cpu = cpu_seconds(pid)
+
+    def period_over(self) -> str:
+        """"" to wait another period (it used CPU: starting, slowly), else why it did not start."""
+        self.waited_s += STARTUP_TIMEOUT_S
+        cpu = cpu_seconds(self.pid)
+        why = startup_verdict(self.waited_s, cpu - self._cpu) or ""
+        self._cpu = cpu
+        return why
+
+
 def engine_identity(user: str) -> tuple[int, int]:
     """(uid, gid) the engine runs as when started by root: ``user``, else nobody."""
     try:

@@ -10,6 +10,7 @@ import pytest
 
 from cod.facts import machines
 from cod.skb import PERSISTENT, SKB, AsyncSKB, SKBError
+from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -314,6 +315,28 @@ def test_an_engine_is_waited_for_while_it_starts_and_not_longer(waited, cpu, say
 
     got = startup_verdict(waited, cpu)
     assert (got is None) if says is None else (says in got and f"{waited:g} s" in got)
+
+
+@pytest.mark.parametrize("kind, says", [("sleep", "stuck"), ("spin", "")])
+def test_the_startup_watch_measures_each_period_on_its_own(kind, says, spawn):
+    """What both drivers ask after each period without a ready line: a process that used no CPU
+    is stuck; one that used CPU since the last period is waited for again."""
+    from cod.skb.lifecycle import STARTUP_PROGRESS_CPU_S, StartupWatch, cpu_seconds
+    from helpers.waiting import wait_until
+
+    proc = spawn(1, kind)
+    watch = StartupWatch(proc.pid)
+    if kind == "spin":
+        start = cpu_seconds(proc.pid)
+        wait_until(lambda: cpu_seconds(proc.pid) - start > 2 * STARTUP_PROGRESS_CPU_S, 60, "the spinner's CPU")
+    got = watch.period_over()
+    assert (got == "") if says == "" else (says in got), got
+    if kind == "spin":  # the next period counts from here: the spinner, stopped, used nothing since
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            assert "stuck" in watch.period_over()
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
 
 
 @pytest.mark.parametrize("driver", ["sync", "async"])
