@@ -5,6 +5,7 @@ make test's vm-suites."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vm"))
 from guestconsole import (BOOT_ATTEMPTS, CONSOLE_TAIL_LINES, FIRST_ALARMS_KEPT, SCRIPT_STARTED,  # noqa: E402
                           Outcome, StderrSplitter, headline, kept_console, outcome)
-from vmrun import guest_pytest  # noqa: E402
+from vmrun import KEPT_CPUSET, guest_pytest  # noqa: E402
 
 PANIC = ["[    4.030108] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI",
          "[    4.032216] RIP: 0010:sched_clock_cpu+0x9/0x190",
@@ -55,6 +56,25 @@ def test_headline_is_the_first_alarm():
 def test_the_guest_script_announces_its_start_first():
     script = guest_pytest("2x2", ["-x", "tests/vm"])
     assert script.startswith(f"echo '{SCRIPT_STARTED}' >&2 && ")
+
+
+@pytest.mark.parametrize("cgroupfs_is_a_dir", [True, False])
+def test_the_guest_script_keeps_a_cpuset_before_pytest_and_goes_on_if_it_cannot(tmp_path, cgroupfs_is_a_dir):
+    # The script's first part (up to pytest), run on a stand-in for /sys/fs/cgroup: a directory
+    # (the controller enabled, the cpuset made) or a plain file (both refused: said, and pytest
+    # still starts).
+    before_pytest = guest_pytest("2x2", ["-x", "tests/vm"]).split(" && cd ", 1)[0]
+    fake = tmp_path / "cgroup"
+    fake.mkdir() if cgroupfs_is_a_dir else fake.write_text("")
+    done = subprocess.run(["bash", "-c", before_pytest.replace("/sys/fs/cgroup", str(fake)) + " && echo next"],
+                          capture_output=True, text=True, timeout=30)
+    assert done.stdout == "next\n"
+    kept = fake / os.path.basename(KEPT_CPUSET)
+    if cgroupfs_is_a_dir:
+        assert (fake / "cgroup.subtree_control").read_text() == "+cpuset\n" and kept.is_dir()
+        assert "no cpuset kept" not in done.stderr
+    else:
+        assert "no cpuset kept" in done.stderr and not kept.exists()
 
 
 def test_the_splitter_keeps_the_boot_and_console_and_passes_the_scripts_lines(capfd):

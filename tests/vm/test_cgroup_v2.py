@@ -197,3 +197,10 @@ def test_an_enforcer_pointed_at_a_wrong_hierarchy_fails_the_kernel_check(topo, s
         # Not cgroupfs: its 'cgroup' keeps the files written into it, and removing it says so.
         with pytest.raises(EnforceError, match="cannot remove cgroup .*/db: Directory not empty"):
             enf.close()
+
+
+def test_the_runner_keeps_a_cpuset_for_the_whole_run():
+    # vmrun.py makes it before pytest starts, so that the kernel's cpusets_enabled() key never
+    # flips while the tests make and remove their cpusets (a QEMU TCG race with code patching).
+    from vmrun import KEPT_CPUSET
+    assert "cpuset" in read(os.path.join(KEPT_CPUSET, "cgroup.controllers")).split()
