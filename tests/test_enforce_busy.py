@@ -99,9 +99,9 @@ def test_confine_keeps_the_hog_on_the_cores_left_over(spawn, tmp_path):
 
 # ---- the /proc/stat gate, on a /proc tree we write (deterministic ticks) -------------
 
-def write_stat(root, pid: int, ticks: int, start: int = 1000, flags: int = 0) -> None:
+def write_stat(root, pid: int, ticks: int, start: int = 1000, flags: int = 0, threads: int = 1) -> None:
     rest = ["0"] * 50
-    rest[0], rest[1], rest[6], rest[11], rest[19], rest[17] = "R", "1", str(flags), str(ticks), str(start), "1"
+    rest[0], rest[1], rest[6], rest[11], rest[19], rest[17] = "R", "1", str(flags), str(ticks), str(start), str(threads)
     (root / str(pid)).mkdir(exist_ok=True)
     (root / str(pid) / "stat").write_text(f"{pid} (fake {pid}) {' '.join(rest)}\n")
 
@@ -263,6 +263,34 @@ def test_a_one_thread_hog_measured_above_a_core_is_reported_at_one(tmp_path, spa
         t[0] += 1.0
     assert [b.pid for b in reported] == [other]
     assert reported[0].cpu == 1.0  # the window (6.67, 0.2) means 3.4 cores: bounded by its one thread
+
+
+def test_a_reading_delayed_within_a_sample_is_divided_by_its_own_time(tmp_path, spawn):
+    # A loaded machine delays the scan between a sample's start and its reading of a process:
+    # samples 2 s apart, readings 0, 0.9, 1.8 and 2.7 s late, of a two-thread process using one
+    # core all along.  Its CPU time over the samples' interval said 1.45 cores (and a one-thread
+    # spinner of test_rm_newcomer.py took a registered task's CPU); over its readings' own, 1.
+    other = spawn(1, "sleep").pid
+    t, calls = [0.0], [0]
+    late = 0.0
+
+    def clock() -> float:  # the sample's start first, then the readings, `late` after it
+        calls[0] += 1
+        return t[0] if calls[0] == 1 else t[0] + late
+
+    det = BusyDetector(threshold=0.15, window=2, registered=lambda: set(), proc=str(tmp_path), clock=clock,
+                       quiet_window=2)
+    det.me = 1
+    reported = []
+    for sample in range(4):
+        late = 0.9 * sample
+        write_machine(tmp_path, round(100 * (t[0] + late)))
+        write_stat(tmp_path, other, round(100 * (t[0] + late)), threads=2)  # one core since 0
+        calls[0] = 0
+        reported = det.sample()
+        t[0] += 2.0
+    assert [b.pid for b in reported] == [other]
+    assert reported[0].cpu == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("cores,age,read", [(0.3, 60.0, True), (0.2, 60.0, False), (0.0, 0.5, True), (0.0, 5.0, False)])

@@ -140,7 +140,7 @@ class BusyDetector:
         hidden = self.policy.demand_hidden((idle - prev[1]) / CLK_TCK / dt, running - 1, cpus)  # -1: us
         return (total - prev[0] - explained) / CLK_TCK / dt, hidden
 
-    def _follow_hogs(self, now: float, skip: set[int]) -> list[tuple[int, _Track]]:
+    def _follow_hogs(self, skip: set[int]) -> list[tuple[int, _Track]]:
         """Re-read the hogs already reported; one stays reported until it has been below half
         the threshold for ``quiet_window`` samples in a row (or exits, or gets registered)."""
         still: dict[int, _Track] = {}
@@ -148,10 +148,11 @@ class BusyDetector:
             got = None if pid in skip else procfs.cpu_ticks(pid, self.proc)
             if got is None or got[1] != old.start:
                 continue
-            if now <= old.at:  # no time has passed: nothing to measure, nothing changes
+            at = self.clock()  # the reading's own time: see _scan
+            if at <= old.at:  # no time has passed: nothing to measure, nothing changes
                 still[pid] = old
                 continue
-            tr = _Track(old.start, got[0], now)
+            tr = _Track(old.start, got[0], at)
             use = self._use(pid, old, tr)
             tr.recent = (old.recent + [use])[-self.window:]
             tr.busy_run = old.busy_run + 1 if self.policy.quiet(use) else 0  # here: the quiet run
@@ -187,7 +188,7 @@ class BusyDetector:
         now = self.clock()
         skip = set(self.registered())
         skip.add(self.me)
-        hot = self._follow_hogs(now, skip)
+        hot = self._follow_hogs(skip)
         # Hogs already reported explain their own CPU time, so they do not keep us scanning.
         unexplained, hidden = self._unexplained(now, skip | set(self._hogs))
         watching = any(t.busy_run for t in self._tracks.values())
@@ -213,12 +214,16 @@ class BusyDetector:
             if flags & procfs.PF_KTHREAD:
                 continue
             old = self._tracks.get(pid)
-            tr = _Track(start, ticks, now)
+            # Each reading carries its own time: a scan delayed between the sample's start and
+            # this process (a loaded machine) would otherwise divide the CPU time of a longer
+            # span by the samples' interval (a one-thread spinner measured 1.45 cores and took
+            # a registered task's CPU, session 7).
+            tr = _Track(start, ticks, self.clock())
             tracks[pid] = tr
             if old is None or old.start != start:
                 self._baseline_threads(pid, tr)
                 continue
-            if now <= old.at:
+            if tr.at <= old.at:
                 continue
             use = self._use(pid, old, tr)
             if self.policy.hot(use):
@@ -226,7 +231,7 @@ class BusyDetector:
                 tr.recent = (old.recent + [use])[-self.window:]
                 if self.policy.reported(tr.busy_run):
                     hot.append((pid, tr))
-                    self._hogs[pid] = _Track(start, ticks, now, 0, list(tr.recent), tr.threads)
+                    self._hogs[pid] = _Track(start, ticks, tr.at, 0, list(tr.recent), tr.threads)
                     self._known[pid] = _Track(start, ticks, now)  # explained from the next sample
                     del tracks[pid]
         self._tracks = tracks
