@@ -137,6 +137,9 @@ class AsyncSKB:
             except EOFError:
                 break  # started() says how it exited
             except TimeoutError:
+                if self._startup_line.done() and not self._startup_line.exception():
+                    line = self._startup_line.result()  # it came as the period ended
+                    break
                 why = watch.period_over()
                 if not why:
                     log.info("the SKB engine is still starting after %g s (a loaded machine)", watch.waited_s)

@@ -72,6 +72,27 @@ def startup_verdict(waited_s: float, cpu_used_s: float) -> str | None:
     return None
 
 
+def where_it_waits(pid: int | None) -> str:
+    """What a process that does not start is doing, for the error: its name, and each thread's
+    state and kernel wait channel (``/proc/PID/task/*``), e.g. ``swipl: S in pipe_read``."""
+    if pid is None:
+        return "no process"
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+        waits: dict[str, int] = {}
+        for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0].decode()
+            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
+                wchan = f.read().strip() or "-"
+            key = f"{state} in {wchan}" if wchan not in ("-", "0") else state
+            waits[key] = waits.get(key, 0) + 1
+    except (OSError, IndexError, ValueError):
+        return f"process {pid} is gone"
+    return f"{name}: " + ", ".join(k if n == 1 else f"{n} threads {k}" for k, n in waits.items())
+
+
 class StartupWatch:
     """The wait for a starting engine's ready line, one STARTUP_TIMEOUT_S period at a time (both
     drivers wait so): after each period without it, ``period_over`` says whether to wait again."""
@@ -87,7 +108,7 @@ class StartupWatch:
         cpu = cpu_seconds(self.pid)
         why = startup_verdict(self.waited_s, cpu - self._cpu) or ""
         self._cpu = cpu
-        return why
+        return f"{why}; {where_it_waits(self.pid)}" if why else why
 
 
 def engine_identity(user: str) -> tuple[int, int]:

@@ -330,11 +330,11 @@ def test_the_startup_watch_measures_each_period_on_its_own(kind, says, spawn):
         start = cpu_seconds(proc.pid)
         wait_until(lambda: cpu_seconds(proc.pid) - start > 2 * STARTUP_PROGRESS_CPU_S, 60, "the spinner's CPU")
     got = watch.period_over()
-    assert (got == "") if says == "" else (says in got), got
+    assert (got == "") if says == "" else (says in got and "; spinner: " in got), got  # and where it waits
     if kind == "spin":  # the next period counts from here: the spinner, stopped, used nothing since
         os.kill(proc.pid, signal.SIGSTOP)
         try:
-            assert "stuck" in watch.period_over()
+            assert "stuck" in (got := watch.period_over()) and "; spinner: " in got, got
         finally:
             os.kill(proc.pid, signal.SIGCONT)
 
