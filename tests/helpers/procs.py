@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -67,8 +68,12 @@ def spinner_command(tmp_dir: str) -> list[str]:
     return [sys.executable, "-c", PY_SPINNER]
 
 
-def start_spinner(cmd: list[str], threads: int, mode: str) -> Spinner:
-    proc = subprocess.Popen([*cmd, str(threads), mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+def start_spinner(cmd: list[str], threads: int, mode: str, cpus: Sequence[int] | None = None) -> Spinner:
+    """``cpus``: the affinity it starts with (before its first instruction: nothing watching
+    the machine sees it anywhere else)."""
+    pin = None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+    proc = subprocess.Popen([*cmd, str(threads), mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            preexec_fn=pin)
     line = proc.stdout.readline().split()
     assert line and line[0] == "ready", f"spinner did not start: {line!r}"
     return Spinner(proc, [int(t) for t in line[1:]])
@@ -84,8 +89,8 @@ def spawn(spinner_cmd):
     """spawn(threads, mode) -> Spinner; every spinner is killed at the end of the test."""
     started: list[Spinner] = []
 
-    def _spawn(threads: int = 1, mode: str = "sleep") -> Spinner:
-        s = start_spinner(spinner_cmd, threads, mode)
+    def _spawn(threads: int = 1, mode: str = "sleep", cpus: Sequence[int] | None = None) -> Spinner:
+        s = start_spinner(spinner_cmd, threads, mode, cpus)
         started.append(s)
         return s
 
