@@ -209,7 +209,7 @@ class LiveRun:
     def __init__(self, args: list[str], csv_path: Path, prefix: tuple[str, ...] = ()):
         self.csv_path = csv_path
         cmd = [*prefix, str(CSCS), "run", *args, "--csv", str(csv_path)]
-        print("$", " ".join(cmd[1:]), file=sys.stderr, flush=True)
+        print("$", " ".join([*prefix, "cscs", *cmd[len(prefix) + 1:]]), file=sys.stderr, flush=True)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.t0: float | None = None

@@ -48,7 +48,9 @@ import enforcement as e
 @dataclass(frozen=True)
 class Setup:
     """How the variants run: CSCS's CPUs and the command it runs under (taskset when it is
-    left fewer than every CPU), and the COD variant's RM options and newcomers."""
+    left fewer than every CPU; under COD it asks for that many cores instead, --max-cores, as
+    sched_ext enforcement leaves a taskset mask in place), and the COD variant's RM options
+    and newcomers."""
 
     cpus: list[int]
     prefix: tuple[str, ...] = ()
@@ -67,8 +69,9 @@ def cod_variant(args_common: list[str], arrivals: list[float], cost_fn: Path, se
     newcomer = e.percpu_newcomer() if setup.percpu else nullcontext(None)
     with e.scheduler(enforce) as sched, newcomer as command, c.cod_rm(extra, setup.rm_start_timeout) as rm, \
             c.stressors() as start:
-        live = c.LiveRun(args_common + ["--socket", str(rm.sock), "--cost-fn", str(cost_fn)],
-                         c.RESULTS / f"exp3_{slug}.csv", setup.prefix)
+        cap = ["--max-cores", str(len(setup.cpus))] if setup.prefix else []
+        live = c.LiveRun(args_common + cap + ["--socket", str(rm.sock), "--cost-fn", str(cost_fn)],
+                         c.RESULTS / f"exp3_{slug}.csv")
         poller, started = None, []
         try:
             live.wait_started()

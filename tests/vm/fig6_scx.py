@@ -34,7 +34,7 @@ SLOW = 300  # seconds: the RM's start and an SKB query under TCG on a loaded hos
 # 100 s of CSCS per mode with newcomers at 25, 50 and 75 s.
 ARGS = ["--variants", "COD", "--enforce", "cpuset,sched_ext", "--percpu", "--calibrate",
         "--seconds", "100", "--every", "25", "--tuples-per-core", "150000", "--cscs-cpus", "3",
-        "--sla-factor", "1.8", f"--rm-args=--set query_timeout_s={SLOW}", "--rm-start-timeout", str(SLOW),
+        "--sla-factor", "2.5", f"--rm-args=--set query_timeout_s={SLOW}", "--rm-start-timeout", str(SLOW),
         "--out", OUT]
 
 
