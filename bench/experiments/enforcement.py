@@ -28,6 +28,9 @@ import common as c
 LOADER = c.REPO / "kernel_patches" / "scx_cod" / "build" / "scx_cod"
 PERCPU_SRC = c.REPO / "tests" / "vm" / "percpu.c"
 SLICE_MS = 50
+# A newcomer stops this long before the task's run ends: once the task has left, the RM frees
+# its CPUs and a newcomer may go there (the first guest run's newcomers ran 5-22 ms on them so).
+END_MARGIN_S = 2.0
 
 
 @contextmanager
@@ -70,10 +73,11 @@ def build_percpu(into: Path) -> Path:
 
 @contextmanager
 def percpu_newcomer() -> Iterator[callable]:
-    """Yields ``command(seconds)``: a one-thread percpu run of that length, with slices."""
+    """Yields ``command(seconds)``: a one-thread percpu run, with slices, that ends END_MARGIN_S
+    before ``seconds``."""
     with tempfile.TemporaryDirectory(prefix="cod-percpu-") as d:
         exe = build_percpu(Path(d))
-        yield lambda seconds: [str(exe), "1", f"{max(seconds, 0.1):.3f}", str(SLICE_MS)]
+        yield lambda seconds: [str(exe), "1", f"{max(seconds - END_MARGIN_S, 0.1):.3f}", str(SLICE_MS)]
 
 
 class AllocationPoller:
