@@ -130,16 +130,26 @@ def kept_throughout(samples: list[tuple[int, int, frozenset[int]]], start: int, 
     return kept
 
 
-def newcomer_figures(out: dict, samples: list, t0_ns: int, arrival_s: float) -> dict:
+def newcomer_figures(out: dict, samples: list, t0_ns: int, arrival_s: float) -> tuple[dict, list[dict]]:
     """Where one newcomer (percpu's JSON ``out``) ran: in all, and on the CPUs kept for the task
-    then (ms), with its first and last moments there in s after its arrival."""
-    on, unknown = [], 0
+    then (ms), with its first and last moments there in s after its arrival, and while the task
+    held no CPU (not registered yet, or gone).  Also its slices on any CPU the task ever held, as
+    rows (times in s from the task's start) for a CSV."""
+    ever = frozenset().union(*(cores for _s, _r, cores in samples))
+    on, unknown, none_held, rows = [], 0, 0, []
     for start, end, cpu, ran, _thread in out["slices"]:
         kept = kept_throughout(samples, start, end)
         if kept is None:
             unknown += ran
+        elif not kept:
+            none_held += ran
         elif cpu in kept:
             on.append((start, end, ran))
+        if cpu in ever:
+            rows.append({"arrival_s": arrival_s, "start_s": round((start - t0_ns) / 1e9, 4),
+                         "end_s": round((end - t0_ns) / 1e9, 4), "cpu": cpu, "ran_ms": round(ran / 1e6, 3),
+                         "task_cpus": "unknown" if kept is None else " ".join(map(str, sorted(kept))),
+                         "on_task_cpus": kept is not None and cpu in kept})
 
     def after(ns: int) -> float:
         return round((ns - t0_ns) / 1e9 - arrival_s, 3)
@@ -149,4 +159,5 @@ def newcomer_figures(out: dict, samples: list, t0_ns: int, arrival_s: float) -> 
             "ms_on_task_cpus": round(sum(ran for _s, _e, ran in on) / 1e6, 3),
             "on_task_cpus_from_s": after(on[0][0]) if on else None,
             "on_task_cpus_until_s": after(max(e for _s, e, _r in on)) if on else None,
-            "ms_unattributed": round(unknown / 1e6, 1)}
+            "ms_while_task_held_none": round(none_held / 1e6, 1),
+            "ms_unattributed": round(unknown / 1e6, 1)}, rows

@@ -89,8 +89,9 @@ def cod_variant(args_common: list[str], arrivals: list[float], cost_fn: Path, se
         seen = {"scheduler": sched, "enforcement": poller.enforcement, "rm_log": rm.events(),
                 "allocation_samples": len(poller.samples), "poller_error": poller.error}
         if command is not None:
-            seen["newcomers"] = newcomers
-            seen["newcomers_ms_on_cscs_cpus"] = round(sum(n["ms_on_task_cpus"] for n in newcomers), 3)
+            seen["newcomers"] = [figures for figures, _rows in newcomers]
+            seen["newcomers_ms_on_cscs_cpus"] = round(sum(n["ms_on_task_cpus"] for n in seen["newcomers"]), 3)
+            seen["slices"] = [row for _figures, rows in newcomers for row in rows]  # a CSV of its own
         return run, seen
 
 
@@ -254,13 +255,16 @@ def main() -> None:
     c.write_csv(c.RESULTS / f"{args.out}.csv", rows)
     for name in runs:
         (c.RESULTS / f"exp3_{name.replace(' ', '_')}.csv").unlink(missing_ok=True)
-    summary = {}
+    summary, slices = {}, []
     for name, run in runs.items():
         summary[name] = {"sla_met": f"{sum(int(r['sla_met']) for r in run.rows)}/{len(run.rows)}",
                          "phases": phases_of(run, arrivals, sla_ms)}
         if name in seen:
             summary[name]["cod_lines"] = [line for line in run.stdout.splitlines() if line.startswith("# ")]
             summary[name].update(seen[name])
+            slices += [{"variant": name, **row} for row in summary[name].pop("slices", [])]
+    if slices:  # the newcomers' slices on CPUs CSCS held at some time (enforcement.newcomer_figures)
+        c.write_csv(c.RESULTS / f"{args.out}_slices.csv", slices)
     plot(runs, arrivals, sla_ms, len(cpus), c.RESULTS / f"{args.out}.png")
     c.print_json({"experiment": "adaptability (Figure 6)", "cpus": len(c.allowed_cpus()), "cscs_cpus": cpus,
                   "tuples": tuples, "batch_requests": requests, "sla_ms": sla_ms, "min_cores": min_cores,
