@@ -117,9 +117,10 @@ scx-deps:
 	@$(MAKE) -s deps APT_PACKAGES="$(SCX_APT_PACKAGES)"
 
 # One guest: make vm-test [VM_TOPOLOGY=2x2|4x2] [VM_KERNEL=debian|scx] [PYTEST_ARGS='-x tests/vm/test_topology.py']
+# [VM_RW=bench/experiments/results]: a project directory the guest writes through to (tests/vm/vmrun.py --rw)
 vm-test: setup vm-deps
 	@if [ "$(VM_KERNEL)" = scx ]; then $(MAKE) -s scx-deps; fi
-	$(VMRUN) test --topology $(VM_TOPOLOGY) --kernel $(VM_KERNEL) --timeout $(VM_TIMEOUT) -- $(PYTEST_ARGS)
+	$(VMRUN) test --topology $(VM_TOPOLOGY) --kernel $(VM_KERNEL) --timeout $(VM_TIMEOUT) $(foreach d,$(VM_RW),--rw $(d)) -- $(PYTEST_ARGS)
 
 # A root shell in the guest (needs a terminal); exit (or Ctrl-D) powers it off.
 vm-shell: setup vm-deps

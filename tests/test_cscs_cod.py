@@ -148,6 +148,27 @@ def test_an_sla_this_machine_cannot_meet_is_said(tmp_path, builds):
     assert f"cores {cpulist(ALLOWED)}" in runs["1"].stdout
 
 
+@two_cpus
+def test_max_cores_caps_what_it_asks_for(tmp_path, builds):
+    """--max-cores 1 on a machine of more: registered with max_cores 1, given one core, and the
+    1 ms SLA (19 cores by the paper's constants) said to be missed."""
+    d = start_daemon(tmp_path, "--no-enforce")
+    try:
+        engine = LiveEngine([str(builds["release"]), "run", "--tuples", "30000", "--seconds", "60", "--sla-ms", "1",
+                             "--max-cores", "1", "--think-ms", "10", "--socket", str(d.path), "--name", NAME])
+        try:
+            engine.wait_for(lambda lines: batch_lines(lines) >= 1, 60)
+            with Client(str(d.path), app="observer") as c:
+                [task] = [t for t in c.list_tasks() if t["task"] == NAME]
+        finally:
+            engine.stop()
+    finally:
+        d.stop()
+    out = "".join(engine.lines)
+    assert task["properties"]["max_cores"] == 1 and len(task["cores"]) == 1, task
+    assert "the SLA will be missed" in out, out
+
+
 def test_a_refused_registration_is_an_error_with_the_daemons_words(tmp_path, builds):
     d = start_daemon(tmp_path, "--no-enforce")
     try:

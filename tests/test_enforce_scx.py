@@ -13,7 +13,7 @@ import pytest
 
 from cod.rm.enforce import AffinityEnforcer, detect
 from cod.rm.enforce.errors import EnforceError
-from cod.rm.enforce.scx import ScxEnforcer
+from cod.rm.enforce.scx import ScxEnforcer, others_cpus
 from cod.rm.enforce.scxmaps import MAX_CPUS, mask_bytes, mask_cpus, scheduler_state
 from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
 
@@ -93,3 +93,19 @@ def test_detect_sched_ext_on_a_kernel_without_it_falls_back_to_cpuset(tmp_path, 
         assert "sched_ext unavailable" in caplog.text and "fallback cpuset" in enf.describe()
     finally:
         enf.close()
+
+
+@pytest.mark.parametrize("tasks, others", [
+    ({}, [0, 1, 2, 3]),
+    ({"db": [2, 3]}, [0, 1]),
+    ({"db": [1, 2, 3]}, [0]),
+    ({"db": [0, 1, 2, 3]}, [0, 1, 2, 3]),  # nothing left: everything may run everywhere
+    ({"db": [0, 1], "web": [2, 3]}, [0, 1, 2, 3]),
+    # A confined busy process keeps its CPUs for unregistered work: newcomers go there too.
+    ({"db": [1, 2, 3], "other.4242": [0]}, [0]),
+    ({"db": [2, 3], "other.4242": [0], "other.4343": [1]}, [0, 1]),
+    ({"other.4242": [0]}, [0, 1, 2, 3]),
+    ({"db": [2, 3], "other.x": [0]}, [1]),  # not a busy process's name: a task like any
+])
+def test_group_0_gets_the_cpus_no_registered_task_reserved(tasks, others):
+    assert others_cpus([0, 1, 2, 3], tasks) == others

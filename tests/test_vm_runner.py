@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vm"))
 from guestconsole import (BOOT_ATTEMPTS, CONSOLE_TAIL_LINES, FIRST_ALARMS_KEPT, SCRIPT_STARTED,  # noqa: E402
                           Outcome, StderrSplitter, headline, kept_console, outcome)
-from vmrun import KEPT_CPUSET, guest_pytest  # noqa: E402
+from vmrun import KEPT_CPUSET, ROOT, VmError, guest_pytest, rw_dirs  # noqa: E402
 
 PANIC = ["[    4.030108] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI",
          "[    4.032216] RIP: 0010:sched_clock_cpu+0x9/0x190",
@@ -134,3 +134,10 @@ def test_a_panics_first_oops_is_its_headline_after_a_long_trace():
                            console_line(42, "Oops: int3: 0000 [#2] PREEMPT SMP NOPTI"),
                            f"... ({n - CONSOLE_TAIL_LINES - 2} more console lines left out)"]
     assert len(console) == CONSOLE_TAIL_LINES + 3
+
+
+def test_the_guest_writes_through_only_to_directories_of_the_project():
+    assert rw_dirs(("bench/experiments/results",)) == [os.path.join(ROOT, "bench", "experiments", "results")]
+    for bad in ("/tmp", "..", ".", "bench/experiments/no-such-dir"):
+        with pytest.raises(VmError, match="not an existing directory inside the project"):
+            rw_dirs((bad,))

@@ -139,9 +139,11 @@ def stressors() -> Iterator[callable]:
     Only processes started here are pinned or killed."""
     procs: list[subprocess.Popen] = []
 
-    def start(cpu: int | None) -> subprocess.Popen:
-        """A stressor pinned on `cpu`, or (None) left where the scheduler and the RM put it."""
-        p = subprocess.Popen([sys.executable, "-c", STRESSOR])
+    def start(cpu: int | None, cmd: list[str] | None = None) -> subprocess.Popen:
+        """A stressor pinned on `cpu`, or (None) left where the scheduler and the RM put it:
+        STRESSOR, or `cmd` with its output to pipes (a stressor that reports, e.g. percpu)."""
+        p = (subprocess.Popen([sys.executable, "-c", STRESSOR]) if cmd is None else
+             subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         if cpu is not None:
             os.sched_setaffinity(p.pid, {cpu})
         procs.append(p)
@@ -201,12 +203,13 @@ class LiveRun:
     """`cscs run` in the background, for experiments that act during a run.
 
     ``t0`` is the moment the engine started its first batch (it prints the
-    column header then), so times here line up with the CSV's time_s."""
+    column header then), so times here line up with the CSV's time_s.  ``prefix``
+    runs it under another command (e.g. taskset)."""
 
-    def __init__(self, args: list[str], csv_path: Path):
+    def __init__(self, args: list[str], csv_path: Path, prefix: tuple[str, ...] = ()):
         self.csv_path = csv_path
-        cmd = [str(CSCS), "run", *args, "--csv", str(csv_path)]
-        print("$", " ".join(cmd[1:]), file=sys.stderr, flush=True)
+        cmd = [*prefix, str(CSCS), "run", *args, "--csv", str(csv_path)]
+        print("$", " ".join([*prefix, "cscs", *cmd[len(prefix) + 1:]]), file=sys.stderr, flush=True)
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self.t0: float | None = None
@@ -251,9 +254,11 @@ class LiveRun:
 
 class CodRM:
     """A Resource Manager of the experiment's own: socket, state and cgroup parent under a
-    temporary directory, seeing (and confining) only the processes this script starts."""
+    temporary directory, seeing (and confining) only the processes this script starts.
+    ``extra``: more of `cod rm`'s options (e.g. --enforce); ``start_timeout``: seconds to
+    wait for its socket (under emulation it starts in minutes)."""
 
-    def __init__(self) -> None:
+    def __init__(self, extra: tuple[str, ...] = (), start_timeout: float = 30.0) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="cod-exp-"))
         self.sock = self.dir / "rm.sock"
         self.log = self.dir / "rm.log"
@@ -262,8 +267,8 @@ class CodRM:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cod.cli.main", "rm", "--socket", str(self.sock),
                  "--state-dir", str(self.dir / "state"), "--cgroup-parent", self.parent,
-                 "--busy-scope", f"descendants:{os.getpid()}"], stdout=log, stderr=log)
-        deadline = time.monotonic() + 30
+                 "--busy-scope", f"descendants:{os.getpid()}", *extra], stdout=log, stderr=log)
+        deadline = time.monotonic() + start_timeout
         while True:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
@@ -309,8 +314,8 @@ class CodRM:
 
 
 @contextmanager
-def cod_rm() -> Iterator[CodRM]:
-    rm = CodRM()
+def cod_rm(extra: tuple[str, ...] = (), start_timeout: float = 30.0) -> Iterator[CodRM]:
+    rm = CodRM(extra, start_timeout)
     try:
         yield rm
     finally:

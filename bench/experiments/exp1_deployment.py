@@ -103,10 +103,15 @@ def print_table3(rows: list[dict]) -> None:
           "the paper's is its measured mean)")
 
 
-def calibrate(out: Path, csv_path: Path, model: str) -> dict:
-    cmd = [str(c.CSCS), "calibrate", "--tuples-per-core", "1M,4M,16M", "--requests", "640,2560,5120",
-           "--model", model, "--out", str(out), "--csv", str(csv_path)]
-    print("$", " ".join(cmd[1:]), flush=True)
+# The points exp1 calibrates at (the paper's dataset is 30 M tuples, 2560 requests a batch).
+CALIBRATION_POINTS = ("--tuples-per-core", "1M,4M,16M", "--requests", "640,2560,5120")
+
+
+def calibrate(out: Path, csv_path: Path, model: str, points: tuple[str, ...] = CALIBRATION_POINTS,
+              prefix: tuple[str, ...] = ()) -> dict:
+    """`cscs calibrate` at ``points`` (its options), run under ``prefix`` (e.g. taskset); the fit's JSON."""
+    cmd = [*prefix, str(c.CSCS), "calibrate", *points, "--model", model, "--out", str(out), "--csv", str(csv_path)]
+    print("$", " ".join(cmd), flush=True)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
     print(proc.stdout, end="")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -31,6 +31,8 @@ static const char USAGE[] =
     "  --socket PATH         run under COD (the RM's socket; needs a libcod build)\n"
     "  --cost-fn FILE        the cost function pushed to COD (from cscs calibrate;\n"
     "                        default: the paper's constants)\n"
+    "  --max-cores N         under COD: ask for at most N cores (default: every CPU\n"
+    "                        this process may use)\n"
     "  --name NAME           the task's and application's name under COD (default cscs)\n"
     "  --csv FILE            one CSV row per batch\n"
     "  --results FILE        every request and every answer, as text (for tests)\n"
@@ -118,7 +120,7 @@ static int parse_counts(const char *s, size_t **out, size_t *n)
 enum {
     OPT_TUPLES = 256, OPT_SECONDS, OPT_BATCHES, OPT_BQ, OPT_BU, OPT_SLA, OPT_CORES, OPT_NAIVE,
     OPT_SCHEDULE, OPT_CONTROL, OPT_SOCKET, OPT_COSTFN, OPT_NAME, OPT_THINK, OPT_CSV, OPT_RESULTS, OPT_SEED,
-    OPT_NONUMA, OPT_TPC, OPT_REQUESTS, OPT_OUT, OPT_MODEL, OPT_WALL, OPT_HELP,
+    OPT_NONUMA, OPT_MAXCORES, OPT_TPC, OPT_REQUESTS, OPT_OUT, OPT_MODEL, OPT_WALL, OPT_HELP,
 };
 
 static const struct option RUN_OPTS[] = {
@@ -140,6 +142,7 @@ static const struct option RUN_OPTS[] = {
     { "results", required_argument, 0, OPT_RESULTS },
     { "seed", required_argument, 0, OPT_SEED },
     { "no-numa-binding", no_argument, 0, OPT_NONUMA },
+    { "max-cores", required_argument, 0, OPT_MAXCORES },
     { "help", no_argument, 0, OPT_HELP },
     { 0, 0, 0, 0 },
 };
@@ -230,6 +233,13 @@ static int cmd_run(int argc, char **argv)
         case OPT_CSV: o.csv_path = optarg; break;
         case OPT_RESULTS: o.results_path = optarg; break;
         case OPT_NONUMA: o.no_numa_binding = 1; break;
+        case OPT_MAXCORES:
+            if (parse_count(optarg, &count) != 0 || count == 0 || count > 4096) {
+                status = usage_error("--max-cores '%s': expected a count from 1 to 4096", optarg);
+                goto out;
+            }
+            o.max_cores = count;
+            break;
         case OPT_SEED:
             if (parse_count(optarg, &count) != 0) {
                 status = usage_error("--seed '%s': expected a non-negative integer", optarg);

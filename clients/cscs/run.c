@@ -343,7 +343,8 @@ int cscs_run(const struct run_options *o)
     struct glue_config gc = {
         .socket = o->socket_path, .name = o->cod_name, .cost_fn_path = o->cost_fn_path, .ntuples = o->tuples,
         .tuple_bytes = CSCS_TUPLE_BYTES, .batch_queries = o->batch_queries,
-        .batch_updates = o->batch_updates, .sla_ms = o->sla_ms, .max_cores = (int)nallowed,
+        .batch_updates = o->batch_updates, .sla_ms = o->sla_ms,
+        .max_cores = (int)(o->max_cores && o->max_cores < nallowed ? o->max_cores : nallowed),
     };
     if (cod_glue_open(&gc, &glue, &glue_cpus, &nglue, err, sizeof err) != 0)
         goto fail;

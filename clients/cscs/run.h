@@ -24,6 +24,7 @@ struct run_options {
     const char *cost_fn_path;
     const char *cod_name;     /* --name: the task and application under COD (NULL: "cscs") */
     int no_numa_binding;
+    size_t max_cores;         /* --max-cores: under COD, at most this many (0: every CPU allowed) */
 };
 
 /* Returns the process exit status. */

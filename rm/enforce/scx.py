@@ -21,12 +21,22 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
+from ..busy import other_pid
 from . import procfs
 from .errors import EnforceError
 from .recording import check_task_name
 from .scxmaps import MAX_GROUPS, PIN_DIR, ScxMaps, scheduler_state
 
 log = logging.getLogger("cod.rm.enforce")
+
+
+def others_cpus(all_cpus: Sequence[int], tasks: Mapping[str, Sequence[int]]) -> list[int]:
+    """Group 0's CPUs (every task nobody registered): those no registered task reserved; all of
+    them when registered tasks reserved every CPU (nothing else could run otherwise).  A busy
+    process the RM confined (``other.PID``, cod.rm.busy) reserves nothing: its CPUs are the ones
+    kept for unregistered work, so a newcomer goes there too, never onto a registered task's."""
+    reserved = {c for task, cpus in tasks.items() if other_pid(task) is None for c in cpus}
+    return [c for c in all_cpus if c not in reserved] or list(all_cpus)
 
 
 class ScxEnforcer:
@@ -123,12 +133,8 @@ class ScxEnforcer:
             self.maps.set_tgid(pid, g)
 
     def _write_others(self) -> None:
-        """Group 0 (every task nobody registered) gets the CPUs no registered task reserved;
-        all of them when the tasks reserved every CPU (nothing else could run otherwise)."""
         assert self.maps is not None
-        reserved = {c for _pids, cpus, _mems in self.tasks.values() for c in cpus}
-        others = [c for c in self.all_cpus if c not in reserved] or self.all_cpus
-        self.maps.set_group_cpus(0, others)
+        self.maps.set_group_cpus(0, others_cpus(self.all_cpus, {t: cpus for t, (_p, cpus, _m) in self.tasks.items()}))
         self.maps.kick()
 
     def _guard(self, what: str, fn):

@@ -1,6 +1,6 @@
 """Boot a NUMA guest with cgroup v2 under qemu (TCG) and run pytest, or a shell, inside it.
 
-    python3 tests/vm/vmrun.py test  --topology 2x2 [--kernel debian|scx] [--timeout S] [-- PYTEST ARGS...]
+    python3 tests/vm/vmrun.py test  --topology 2x2 [--kernel debian|scx] [--timeout S] [--rw DIR] [-- PYTEST ARGS...]
     python3 tests/vm/vmrun.py shell --topology 4x2
     python3 tests/vm/vmrun.py prepare
 
@@ -17,7 +17,9 @@ linux-source-6.12 with sched_ext and BTF (cached as ``kernel-scx-VERSION-CONFIGH
 modules), after building the scheduler scx_cod against it (kernel_patches/build_scx_cod.sh).
 
 The test session runs as root inside; its output is pytest's own and its exit code is this
-program's.  On a timeout the guest (the process group this program started) is killed.
+program's.  ``--rw DIR`` (a directory of the project, e.g. bench/experiments/results) is the
+one exception to "writes nowhere": the guest writes through to the host's DIR (9p), so that
+an experiment run in the guest (tests/vm/fig6_scx.py) leaves its results.  On a timeout the guest (the process group this program started) is killed.
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ def _kernel_paths(kdir: str) -> tuple[str, str, str]:
 # ---- the guest -----------------------------------------------------------------------------
 
 def vng_command(topo_name: str, exec_cmd: str | None, verbose: bool,
-                kernel: str = "debian") -> tuple[list[str], dict[str, str]]:
+                kernel: str = "debian", rw: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
     if shutil.which("qemu-system-x86_64") is None or shutil.which("busybox") is None:
         raise VmError("qemu-system-x86_64 and busybox are needed: 'make vm-deps' installs them "
                       "(Debian's qemu-system-x86, busybox-static, udev, kmod)")
@@ -235,7 +237,8 @@ def vng_command(topo_name: str, exec_cmd: str | None, verbose: bool,
     bindir = ensure_vng()
     cmd = [os.path.join(bindir, "vng"), *kernel_args, "--disable-kvm", "--force-9p",
            "--overlay-rwdir", ROOT, "--user", "root",
-           "--cwd", ROOT, f"--qemu-opts=-cpu {QEMU_CPU}", *topology(topo_name).vng_args()]
+           "--cwd", ROOT, f"--qemu-opts=-cpu {QEMU_CPU}", *topology(topo_name).vng_args(),
+           *(f"--rwdir={d}" for d in rw_dirs(rw))]
     if exec_cmd is not None:
         # The console always comes out (guestconsole.py keeps it); without --verbose, only
         # the kernel's warnings and worse (the last loglevel= on the command line wins).
@@ -244,6 +247,17 @@ def vng_command(topo_name: str, exec_cmd: str | None, verbose: bool,
         cmd.append("--verbose")
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     return cmd, env
+
+
+def rw_dirs(dirs: tuple[str, ...]) -> list[str]:
+    """The absolute paths of ``--rw`` directories: existing directories of the project."""
+    out = []
+    for d in dirs:
+        path = os.path.realpath(os.path.join(ROOT, d))
+        if not os.path.isdir(path) or os.path.commonpath([path, ROOT]) != ROOT or path == ROOT:
+            raise VmError(f"--rw {d}: not an existing directory inside the project (under {ROOT})")
+        out.append(path)
+    return out
 
 
 def guest_pytest(topo_name: str, pytest_args: list[str], kernel: str = "debian") -> str:
@@ -344,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="debian: Debian's 6.12 image; scx: 6.12 built with sched_ext (kernel_patches/)")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds before the guest is killed")
     parser.add_argument("--verbose", action="store_true", help="show the guest's kernel console")
+    parser.add_argument("--rw", action="append", default=[],
+                        help="a directory of the project the guest writes through to (repeatable)")
     parser.epilog = f"After '--': pytest's arguments (default: {DEFAULT_TESTS})."
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
@@ -360,7 +376,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd, env = vng_command(args.topology, None, args.verbose, args.kernel)
             return run_guest(cmd, env, None, interactive=True)[0]
         tests = with_tests(args.topology, args.pytest_args, args.kernel)
-        cmd, env = vng_command(args.topology, guest_pytest(args.topology, tests, args.kernel), args.verbose, args.kernel)
+        cmd, env = vng_command(args.topology, guest_pytest(args.topology, tests, args.kernel), args.verbose, args.kernel,
+                               tuple(args.rw))
     except VmError as err:
         log(str(err))
         return 2
