@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol
 
 from .allocator import OtherDemand
+from .names import other_task_name
 
 
 @dataclass(frozen=True)
@@ -101,17 +102,6 @@ class OtherTask:
 
     def demand(self) -> OtherDemand:
         return OtherDemand(other_task_name(self.pid), max(1, round(self.cpu)), self.cpus, self.allowed)
-
-
-def other_task_name(pid: int) -> str:
-    """Its name in the allocator and the enforcer (confinement is recorded and undone like any task's)."""
-    return f"other.{pid}"
-
-
-def other_pid(name: str) -> int | None:
-    """The pid of an :func:`other_task_name`, None for a task's name."""
-    prefix, _, pid = name.partition(".")
-    return int(pid) if prefix == "other" and pid.isdigit() else None
 
 
 def printable(comm: str) -> str:

@@ -22,7 +22,8 @@ from typing import Any, Callable, Mapping, Protocol
 
 from .allocator import OtherDemand
 from .allocator.model import TaskSpec
-from .busy import OtherTask, other_pid, other_task_name
+from .busy import OtherTask
+from .names import other_pid, other_task_name
 from .epochs import Publication
 from .allocator_runner import Plan
 from .system_facts import ANY, other_task_fact

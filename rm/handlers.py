@@ -36,7 +36,7 @@ from cod.skb.codec import PREDICATE_KINDS
 
 from .enforce import procfs
 from .registry import Connection, Task
-from .busy import other_pid
+from .names import other_pid
 from .names import name_problem
 from .elastic_groups import SETTING_KEYS
 from .service import ResourceManager

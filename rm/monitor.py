@@ -26,7 +26,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .system_facts import ANY, cpu_load_fact, numa_free_fact, task_cpu_use_fact, task_numa_pages_fact
-from .busy import confinement_target, next_others, other_task_name, printable
+from .busy import confinement_target, next_others, printable
+from .names import other_task_name
 from .config import RMConfig
 from .enforce import EnforceError, Enforcer
 from .enforce.busy import BusyDetector, BusyProcess, confine

@@ -40,3 +40,15 @@ def name_problem(name: object) -> str | None:
         return "is not in Unicode normal form NFC (send it composed: unicodedata.normalize('NFC', name))"
     return None
 
+
+
+def other_task_name(pid: int) -> str:
+    """A confined busy process's name in the allocator and the enforcer (its confinement is
+    recorded and undone like any task's)."""
+    return f"other.{pid}"
+
+
+def other_pid(name: str) -> int | None:
+    """The pid of an :func:`other_task_name`, None for a task's name."""
+    prefix, _, pid = name.partition(".")
+    return int(pid) if prefix == "other" and pid.isdigit() else None

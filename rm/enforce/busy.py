@@ -39,7 +39,8 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
-from ..busy import BusyPolicy, other_task_name
+from ..busy import BusyPolicy
+from ..names import other_task_name
 from . import procfs
 from .errors import EnforceError
 

@@ -21,7 +21,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
-from ..busy import other_pid
+from ..names import other_pid
 from . import procfs
 from .errors import EnforceError
 from .recording import check_task_name
