@@ -212,9 +212,12 @@ class RM:
         self.info = self.client.server_info
 
     def cpu_seconds(self) -> float:
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        from cod.facts.procfs import cpu_seconds
+
+        used = cpu_seconds(self.proc.pid)
+        if used is None:
+            raise RuntimeError(f"the daemon (pid {self.proc.pid}) is gone")
+        return used
 
     def close(self) -> None:
         import shutil

@@ -27,7 +27,8 @@ import time
 
 import psutil
 
-from cod.rm.enforce import AffinityEnforcer, detect, procfs
+from cod.facts import procfs
+from cod.rm.enforce import AffinityEnforcer, detect
 from cod.rm.enforce.busy import BusyDetector
 from cod.rm.enforce.livestate import LiveStateSampler
 from cod.rm.enforce.procevents import ConnectorSource

@@ -113,9 +113,12 @@ async def idle_loop(args, enforcer, tasks: dict[str, list[int]]) -> dict:
 
 def proc_cpu_seconds(pid: int) -> float:
     """utime + stime of a process (all its threads), from /proc/PID/stat."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    from cod.facts.procfs import cpu_seconds
+
+    used = cpu_seconds(pid)
+    if used is None:
+        raise RuntimeError(f"process {pid} is gone")
+    return used
 
 
 def children_of(pid: int) -> list[int]:

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from cod.rm.enforce import procfs
+from cod.facts import procfs
 from cod.rm.enforce.cpuset import migrate_pages, online_nodes
 from cod.rm.enforce.pagemove import BUDGET_S, PageMover
 

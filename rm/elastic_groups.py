@@ -33,6 +33,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from cod.facts import procfs
 from cod.protocol import jsonrpc as rpc
 from cod.protocol.jsonrpc import RpcError
 from cod.rm.elastic import controller
@@ -43,7 +44,6 @@ from cod.rm.elastic.runner import ElasticRunner, open_group
 from cod.rm.elastic.settings import ElasticSettings
 from cod.rm.elastic.taskstats import TaskstatsReader, open_reader
 
-from .enforce import procfs
 from .enforce.backend import Enforcer
 from .enforce.procevents import ProcEvent
 from .registry import Connection

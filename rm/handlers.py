@@ -15,6 +15,7 @@ import math
 import os
 from typing import Any, Awaitable, Callable
 
+from cod.facts import procfs
 from cod.protocol import jsonrpc as rpc
 from cod.protocol.jsonrpc import (
     ALREADY_EXISTS,
@@ -34,7 +35,6 @@ from cod.protocol.jsonrpc import (
 )
 from cod.skb.codec import PREDICATE_KINDS
 
-from .enforce import procfs
 from .registry import Connection, Task
 from .names import other_pid
 from .names import name_problem

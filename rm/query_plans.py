@@ -15,6 +15,7 @@ import logging
 import os
 from typing import Any
 
+from cod.facts import procfs
 from cod.facts.model import Machine
 from cod.protocol import jsonrpc as rpc
 from cod.protocol.jsonrpc import RpcError
@@ -24,7 +25,6 @@ from .config import RMConfig
 from .deploy import DeployError, GraphError, deploy, parse_graph
 from .deploy import Options as DeployOptions
 from .deployment import Deployment, Matching, match_threads
-from .enforce import procfs
 from .pinning import Pinning
 from .publisher import Publisher
 from .registry import Connection, Task

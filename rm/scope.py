@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .enforce import procfs
+from cod.facts import procfs
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from cod.facts import procfs
+
 from . import codec, lockdown
 from .codec import Op
 from .errors import SKBError
@@ -51,14 +53,8 @@ def _warn_once(key: str, message: str, *args: object) -> None:
 
 def cpu_seconds(pid: int | None) -> float:
     """CPU time (user + system) a process has used so far, 0 if unknown."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
+    used = procfs.cpu_seconds(pid) if pid is not None else None
+    return used if used is not None else 0.0
 
 
 def startup_verdict(waited_s: float, cpu_used_s: float) -> str | None:
@@ -74,21 +70,18 @@ def startup_verdict(waited_s: float, cpu_used_s: float) -> str | None:
 
 def where_it_waits(pid: int | None) -> str:
     """What a process that does not start is doing, for the error: its name, and each thread's
-    state and kernel wait channel (``/proc/PID/task/*``), e.g. ``swipl: S in pipe_read``."""
+    state and kernel wait channel, e.g. ``swipl: S in pipe_read``."""
     if pid is None:
         return "no process"
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            name = f.read().strip()
-        waits: dict[str, int] = {}
-        for tid in sorted(os.listdir(f"/proc/{pid}/task"), key=int):
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0].decode()
-            with open(f"/proc/{pid}/task/{tid}/wchan") as f:
-                wchan = f.read().strip() or "-"
-            key = f"{state} in {wchan}" if wchan not in ("-", "0") else state
-            waits[key] = waits.get(key, 0) + 1
-    except (OSError, IndexError, ValueError):
+    name = procfs.comm(pid)
+    waits: dict[str, int] = {}
+    for tid in procfs.thread_ids(pid):
+        state, wchan = procfs.thread_state(pid, tid), procfs.thread_wait_channel(pid, tid)
+        if state is None or wchan is None:
+            continue  # the thread exited meanwhile
+        key = f"{state} in {wchan}" if wchan else state
+        waits[key] = waits.get(key, 0) + 1
+    if name is None or not waits:
         return f"process {pid} is gone"
     return f"{name}: " + ", ".join(k if n == 1 else f"{n} threads {k}" for k, n in waits.items())
 

@@ -157,12 +157,12 @@ def test_a_hostile_condition_is_refused_or_dropped_and_the_daemon_serves_on(magn
 
 def spinner_share_percent(pid: int, seconds: float = 2.0) -> float:
     """The share of one CPU a process gets here now, measured (percent)."""
-    from cod.rm.enforce.procfs import cpu_ticks
+    from cod.facts.procfs import cpu_seconds
 
     def used() -> float:
-        got = cpu_ticks(pid)
+        got = cpu_seconds(pid)
         assert got is not None, f"process {pid} is gone"
-        return got[0] / os.sysconf("SC_CLK_TCK")
+        return got
 
     cpu0, t0 = used(), time.monotonic()
     time.sleep(seconds)

@@ -21,7 +21,7 @@ import pytest
 from cod.client import Client
 from cod.client.errors import AlreadyExists, InvalidRequest, NotFound, PermissionDenied
 from cod.protocol import jsonrpc as rpc
-from cod.rm.enforce.procfs import format_cpu_list
+from cod.facts.procfs import format_cpu_list
 from helpers.cgroups import temp_cgroup
 from helpers.procs import allowed_list, spawn, spinner_cmd  # noqa: F401 (fixtures)
 from helpers.waiting import wait_until

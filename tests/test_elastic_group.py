@@ -15,7 +15,7 @@ from cod.rm.elastic.errors import ElasticError, GroupGone
 from cod.rm.elastic.group import CgroupGroup, PidTreeGroup
 from cod.rm.elastic.measure import GroupMeter
 from cod.rm.elastic.taskstats import TaskstatsReader, open_reader, parse_reply
-from cod.rm.enforce.procfs import schedstat_delay_ns
+from cod.facts.procfs import schedstat_delay_ns
 from cod.rm.enforce.eventsource import open_source
 from helpers.cgroups import enter, temp_cgroup
 from helpers.procs import needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)

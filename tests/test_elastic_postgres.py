@@ -15,7 +15,7 @@ import pytest
 
 from cod.client import Client
 from cod.facts import from_args
-from cod.rm.enforce.procfs import cpus_allowed
+from cod.facts.procfs import cpus_allowed
 from helpers.cgroups import temp_cgroup
 from helpers.postgres import Postgres, bin_dir
 from test_rm_support import COD, start_daemon

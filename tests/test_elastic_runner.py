@@ -191,7 +191,7 @@ def test_standalone_command_line(spawn, tmp_path):
 
 def test_elastic_groups_pin_only_through_the_enforcer():
     """No module of cod.rm.elastic sets an affinity or reads /proc itself: pinning goes through
-    the Enforcer (apply, add_thread, follow_thread), reading through cod.rm.enforce.procfs."""
+    the Enforcer (apply, add_thread, follow_thread), reading through cod.facts.procfs."""
     import ast
     import pathlib
 

@@ -15,7 +15,7 @@ from cod.facts.cpulist import parse_cpulist as parse_cpu_list
 from cod.rm.enforce import AffinityEnforcer, CpusetV1Enforcer, EnforceError, NullEnforcer, detect
 from cod.rm.enforce.pinning import own_placement, set_thread_affinity
 from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
-from cod.rm.enforce.procfs import cpus_allowed, pids, read_stat, thread_ids
+from cod.facts.procfs import cpus_allowed, pids, read_stat, thread_ids
 from helpers.cgroups import remove_tree
 from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
 

@@ -153,7 +153,7 @@ def test_full_scan_only_when_cpu_time_is_unexplained(tmp_path, spawn, other_tick
 # ---- what a thread wanted, from two readings (schedstat adds a wait only when the thread next runs) ----
 
 def sched(run_ms: int, delay_ms: int, runnable: bool = True, voluntary: int = 0):
-    from cod.rm.enforce.procfs import ThreadSched
+    from cod.facts.procfs import ThreadSched
     return ThreadSched(run_ms * 10**6, delay_ms * 10**6, runnable, voluntary)
 
 
@@ -185,7 +185,7 @@ def test_what_threads_wanted_between_two_readings(old, new, wanted_ms):
 
 
 def test_machine_stat_gives_cpus_and_runnable_threads():
-    from cod.rm.enforce.procfs import machine_runnable, machine_ticks, per_cpu_ticks
+    from cod.facts.procfs import machine_runnable, machine_ticks, per_cpu_ticks
     stat = (b"cpu  10 1 4 100 5 0 0 0 0 0\ncpu0 5 0 2 50 0 0 0 0 0 0\ncpu1 5 1 2 50 5 0 0 0 0 0\n"
             b"intr 1\nctxt 5\nprocs_running 9\nprocs_blocked 0\n")
     assert machine_ticks(stat) == (15, 105) and machine_runnable(stat) == (2, 9)
@@ -205,7 +205,7 @@ def test_kept_files_read_a_stat_file_longer_than_a_page(tmp_path):
     # The detector reads /proc/stat through KeptFiles. A machine with 64 CPUs and ~2,000
     # interrupts writes ~8 KB; one page read lost the CPU lines past it and procs_running, and
     # with it every "saturated machine" verdict.
-    from cod.rm.enforce.procfs import KeptFiles, machine_runnable
+    from cod.facts.procfs import KeptFiles, machine_runnable
     path = tmp_path / "stat"
     path.write_bytes(big_machine_stat(64, 2000, 200))
     assert path.stat().st_size > 4096
@@ -300,7 +300,7 @@ def test_wait_baseline_for_processes_busy_over_their_life_or_young(cores, age, r
 
 
 def test_thread_sched_reads_schedstat_state_and_voluntary_switches(tmp_path):
-    from cod.rm.enforce import procfs
+    from cod.facts import procfs
     task = tmp_path / "7" / "task"
     for tid, state, vol in [(7, "S", 12), (8, "R", 0)]:
         (task / str(tid)).mkdir(parents=True)

@@ -17,7 +17,7 @@ from cod.rm.enforce import AffinityEnforcer, CpusetV1Enforcer, CpusetV2Enforcer
 from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
 from cod.rm.enforce.movequeue import MoveJob
 from cod.rm.enforce.pagemove import PageMover
-from cod.rm.enforce.procfs import numa_ranges
+from cod.facts.procfs import numa_ranges
 from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
 
 CPUS = sorted(os.sched_getaffinity(0))

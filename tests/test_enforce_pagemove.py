@@ -13,7 +13,7 @@ import pytest
 from cod.rm.enforce import EnforceError
 from cod.rm.enforce.pagemove import (BUDGET_S, FIRST_BATCH, MAX_BATCH, MIN_BATCH, PageMover, move_pages,
                                      move_pages_number)
-from cod.rm.enforce.procfs import NumaRange, numa_ranges, parse_numa_ranges
+from cod.facts.procfs import NumaRange, numa_ranges, parse_numa_ranges
 from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
 
 MAPS = """\

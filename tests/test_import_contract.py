@@ -8,7 +8,7 @@ The layers, by the names Python imports (pyproject.toml's package-dir maps the f
   import everything; nothing else imports it;
 * pure policy (the allocator, epochs and revocations, quotas, conditions, refusal reasons, task
   properties, busy detection's policy, names, bounded text, the system facts, the deploy planner without its measurements) imports no enforcement
-  (``cod.rm.enforce``), no socket or asyncio transport (``socket``, ``asyncio``, netlink, the
+  (``cod.rm.enforce``) or /proc reader (``cod.facts.procfs``), no socket or asyncio transport (``socket``, ``asyncio``, netlink, the
   daemon's transport and service, the client) and no SKB driver (``cod.skb`` but its pure codec
   and errors);
 * no import cycles among our modules.
@@ -35,7 +35,7 @@ PURE_POLICY = (
     "cod.rm.deploy.binpack", "cod.rm.deploy.collapse", "cod.rm.deploy.densest", "cod.rm.deploy.errors",
     "cod.rm.deploy.graph", "cod.rm.deploy.numa", "cod.rm.deploy.plan", "cod.rm.deploy.render",
 )
-ENFORCEMENT = ("cod.rm.enforce",)
+ENFORCEMENT = ("cod.rm.enforce", "cod.facts.procfs")  # the /proc reader is mechanism, wherever it lives
 TRANSPORT = ("socket", "socketserver", "selectors", "ssl", "asyncio", "pyroute2", "cod.client",
              "cod.rm.transport", "cod.rm.daemon", "cod.rm.service", "cod.rm.handlers", "cod.rm.monitor")
 SKB_DRIVER = ("cod.skb",)  # the package re-exports the drivers (engine, async_engine, session)
@@ -122,11 +122,12 @@ def test_cycles_on_synthetic_graphs(edges, expected):
 @pytest.mark.parametrize("imports, broken", [
     ({"cod.rm.epochs": {"cod.facts.cpulist", "dataclasses"}}, False),
     ({"cod.rm.epochs": {"cod.rm.enforce.backend"}}, True),
+    ({"cod.rm.busy": {"cod.facts.procfs"}}, True),  # the policy is given readings, it does not read /proc
     ({"cod.rm.allocator.solve": {"socket"}}, True),
     ({"cod.rm.quotas": {"cod.skb.codec"}}, False),
     ({"cod.rm.quotas": {"cod.skb.engine"}}, True),
     ({"cod.rm.deploy.plan": {"cod.client.client"}}, True),
-    ({"cod.rm.deploy.measure.perf": {"ctypes", "cod.rm.enforce.procfs"}}, False),  # mechanism
+    ({"cod.rm.deploy.measure.perf": {"ctypes", "cod.facts.procfs"}}, False),  # mechanism
     ({"cod.protocol.framing": {"cod.protocol.errors", "struct"}}, False),
     ({"cod.protocol.framing": {"cod.facts.cpulist"}}, True),
     ({"cod.client.client": {"cod.protocol.framing", "socket"}}, False),

@@ -35,7 +35,7 @@ two_cpus = pytest.mark.skipif(len(ALL) < 2, reason="needs at least 2 CPUs")
 
 
 def cpus_text(cpus) -> str:
-    from cod.rm.enforce.procfs import format_cpu_list
+    from cod.facts.procfs import format_cpu_list
 
     return format_cpu_list(cpus)
 
@@ -272,10 +272,10 @@ def test_an_unregistered_hog_is_recorded_kept_apart_and_forgotten_when_it_exits(
 
 # ---- live state -----------------------------------------------------------------------------------
 def cpu_seconds(pid: int) -> float:
-    from cod.rm.enforce.procfs import cpu_ticks
-    got = cpu_ticks(pid)
-    assert got is not None, f"process {pid} is gone"
-    return got[0] / os.sysconf("SC_CLK_TCK")
+    from cod.facts.procfs import cpu_seconds as used_by
+    used = used_by(pid)
+    assert used is not None, f"process {pid} is gone"
+    return used
 
 
 @needs_root()

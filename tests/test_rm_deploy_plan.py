@@ -12,7 +12,7 @@ import pytest
 
 from cod.client import AdmissionRefused, Client, InvalidRequest
 from cod.rm.deployment import match_threads
-from cod.rm.enforce.procfs import format_cpu_list
+from cod.facts.procfs import format_cpu_list
 from helpers import opthreads
 from helpers.procs import allowed_list
 from test_integration_rm import enforcing_daemon, wait_until

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from cod.client.memory import bind_range
-from cod.rm.enforce import procfs
+from cod.facts import procfs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SEED_ORDER = ["local", "1 hop", "2 hops"]  # fastest first, as the seed measured

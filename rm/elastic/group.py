@@ -21,7 +21,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from cod.rm.enforce import procfs
+from cod.facts import procfs
 from cod.rm.enforce.cgroupfs import MOUNTS, cgroup_mounts
 from cod.rm.enforce.procevents import ProcEvent
 

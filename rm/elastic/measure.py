@@ -19,19 +19,17 @@ one.  The first sample is a baseline (interval 0).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from cod.rm.enforce import procfs
+from cod.facts import procfs
 from cod.rm.enforce.livestate import numa_bytes
 
 from .group import Member
 from .taskstats import TaskstatsReader
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 BASE_PAGE = 4096
 
 
@@ -55,7 +53,7 @@ class Sample:
 
 def boot_ticks() -> int:
     """Now, in the clock ticks since boot that /proc/PID/stat's start time uses."""
-    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * CLK_TCK)
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * procfs.CLK_TCK)
 
 
 @dataclass
@@ -131,7 +129,7 @@ class GroupMeter:
                 live.append(m.pid)
                 ticks[m.pid] = (totals[0] + totals[1], m.start, m.ppid)
         if cumulative_cpu is None:
-            cumulative_cpu = self._cpu.update(ticks, absorbed=True) / CLK_TCK
+            cumulative_cpu = self._cpu.update(ticks, absorbed=True) / procfs.CLK_TCK
         cumulative_delay = self._delay_total(live, members) if self.want_delay else None
         now = self.clock()
         prev, self._prev = self._prev, (now, cumulative_cpu, cumulative_delay)

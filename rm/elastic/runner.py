@@ -26,8 +26,9 @@ from collections import deque
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
+from cod.facts import procfs
 from cod.facts.model import Machine
-from cod.rm.enforce import EnforceError, Enforcer, procfs
+from cod.rm.enforce import EnforceError, Enforcer
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
 from cod.rm.enforce.eventsource import open_source
 from cod.rm.enforce.procevents import ConnectorSource, PollingSource

@@ -20,7 +20,8 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
-from . import procfs
+from cod.facts import procfs
+
 from .affinity import AffinityEnforcer
 from .cgroupfs import MOUNTS, find_cpuset_mount
 from .cpuset import CpusetV1Enforcer, CpusetV2Enforcer

@@ -39,12 +39,12 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from cod.facts import procfs
+
 from ..busy import BusyPolicy
 from ..names import other_task_name
-from . import procfs
 from .errors import EnforceError
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,8 @@ class BusyDetector:
         if prev is None or now <= prev[2]:
             return 0.0, False
         dt = now - prev[2]
-        hidden = self.policy.demand_hidden((idle - prev[1]) / CLK_TCK / dt, running - 1, cpus)  # -1: us
-        return (total - prev[0] - explained) / CLK_TCK / dt, hidden
+        hidden = self.policy.demand_hidden((idle - prev[1]) / procfs.CLK_TCK / dt, running - 1, cpus)  # -1: us
+        return (total - prev[0] - explained) / procfs.CLK_TCK / dt, hidden
 
     def _follow_hogs(self, skip: set[int]) -> list[tuple[int, _Track]]:
         """Re-read the hogs already reported; one stays reported until it has been below half
@@ -166,7 +166,7 @@ class BusyDetector:
         """Cores ``pid`` used or waited for between ``old`` and ``new`` (sets ``new.threads``):
         its CPU time, or more when its threads say they wanted more (:func:`wanted_ns`)."""
         dt = new.at - old.at
-        use = (new.ticks - old.ticks) / CLK_TCK / dt
+        use = (new.ticks - old.ticks) / procfs.CLK_TCK / dt
         if old.threads is not None or self.policy.worth_reading_wait(use):
             new.threads = procfs.threads_sched(pid, self.proc)
             if old.threads is not None:
@@ -177,8 +177,8 @@ class BusyDetector:
         """Read the threads of a process seen for the first time when it has been busy over its
         life: its first sample then counts the wait of its threads, not only the CPU time they got
         (a hog sharing its CPUs with ten others gets a tick or none in a sample)."""
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) * CLK_TCK - tr.start  # ticks
-        if self.policy.worth_a_wait_baseline(tr.ticks / max(age, 1), age / CLK_TCK):
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) * procfs.CLK_TCK - tr.start  # ticks
+        if self.policy.worth_a_wait_baseline(tr.ticks / max(age, 1), age / procfs.CLK_TCK):
             tr.threads = procfs.threads_sched(pid, self.proc)
 
     def close(self) -> None:

@@ -7,7 +7,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from . import procfs
+from cod.facts import procfs
 
 MOUNTS = "/proc/self/mounts"
 

@@ -19,7 +19,8 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 
-from . import procfs
+from cod.facts import procfs
+
 from .cgroupfs import CpusetMount, move_into, process_cgroup
 from .errors import EnforceError
 from .pinning import pin_process

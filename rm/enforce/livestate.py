@@ -17,9 +17,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from . import procfs
+from cod.facts import procfs
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 SYS_NODES = "/sys/devices/system/node"
 NODE_TOKEN = re.compile(rb"\bN(\d+)=(\d+)")
 
@@ -143,7 +142,7 @@ class TaskSampler:
                 ticks = st.utime + st.stime
                 prev = self._prev.get(pid)
                 if prev is not None and prev[0] == st.start_time and now > prev[2]:
-                    cpu += (ticks - prev[1]) / CLK_TCK / (now - prev[2])
+                    cpu += (ticks - prev[1]) / procfs.CLK_TCK / (now - prev[2])
                 seen[pid] = (st.start_time, ticks, now)
                 if pages:
                     for node, n in (numa_pages(pid, self.proc) or {}).items():

@@ -16,7 +16,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import procfs
+from cod.facts import procfs
+
 from .errors import EnforceError
 from .pagemove import MoveReport, PageMover
 

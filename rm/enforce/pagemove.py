@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import procfs
+from cod.facts import procfs
+
 from .errors import EnforceError
 from .syscalls import syscall_number
 

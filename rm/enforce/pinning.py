@@ -14,7 +14,8 @@ import errno
 import os
 from collections.abc import Iterable, Mapping, Sequence
 
-from . import procfs
+from cod.facts import procfs
+
 from .errors import EnforceError
 
 # A thread may be created while we pin its siblings; re-list this many times.

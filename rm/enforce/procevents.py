@@ -29,7 +29,8 @@ import struct
 import time
 from dataclasses import dataclass
 
-from . import procfs
+from cod.facts import procfs
+
 from .errors import EnforceError
 
 log = logging.getLogger("cod.rm.enforce")

@@ -14,9 +14,10 @@ import os
 import threading
 from collections.abc import Mapping, Sequence
 
+from cod.facts import procfs
 from cod.protocol.names import name_problem
 
-from . import cgroupfs, procfs
+from . import cgroupfs
 from .errors import EnforceError
 from .movequeue import BackgroundMover, MoveJob
 from .pagemove import MoveReport, PageMover

@@ -32,7 +32,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from . import procfs
+from cod.facts import procfs
+
 from .errors import EnforceError
 from .resctrl_info import ResctrlInfo, format_line, read_info
 from .resctrlfs import ResctrlError, ResctrlFS, is_busy

@@ -21,8 +21,9 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 
+from cod.facts import procfs
+
 from ..names import other_pid
-from . import procfs
 from .errors import EnforceError
 from .recording import check_task_name
 from .scxmaps import MAX_GROUPS, PIN_DIR, ScxMaps, scheduler_state

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
-from cod.rm.enforce.procfs import format_cpu_list
+from cod.facts.procfs import format_cpu_list
 
 TOUCHER = r"""
 import mmap, os, sys, ctypes
@@ -170,7 +170,7 @@ class MemTask(Toucher):
 def process_pages(pid: int) -> dict[int, int]:
     """Resident 4 KiB pages per node of the whole process (every mapping; a huge page counts
     as the base pages it holds), read by COD's own numa_maps reader."""
-    from cod.rm.enforce.procfs import numa_ranges
+    from cod.facts.procfs import numa_ranges
     out: dict[int, int] = {}
     for rng in numa_ranges(pid):
         for node, n in rng.pages.items():

@@ -15,7 +15,7 @@ import pytest
 
 from cod.rm.enforce import AffinityEnforcer, CpusetV2Enforcer, EnforceError
 from cod.rm.enforce.cgroupfs import CpusetMount, find_cpuset_mount, process_cgroup
-from cod.rm.enforce.procfs import cpus_allowed, thread_ids
+from cod.facts.procfs import cpus_allowed, thread_ids
 from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
 from numa import Toucher, cgroup_confines, cgroup_v2_fixture, fmt, node_pages, read, status_list
 
@@ -111,7 +111,7 @@ def test_an_exclusive_task_is_a_valid_partition_root(topo, state_dir, spawn):
 
 
 def parse(text: str) -> tuple[int, ...]:
-    from cod.rm.enforce.procfs import parse_cpu_list
+    from cod.facts.procfs import parse_cpu_list
     return parse_cpu_list(text)
 
 

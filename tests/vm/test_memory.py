@@ -148,7 +148,7 @@ def test_cod_bandwidth_measures_every_pair_of_nodes(topo):
 CLIENT_CALLS = r"""
 import ctypes, json, mmap, os, sys
 from cod.client.memory import MemoryRanges, bind_thread, unbind_thread
-from cod.rm.enforce.procfs import numa_ranges
+from cod.facts.procfs import numa_ranges
 os.sched_setaffinity(0, [0])  # runs on node 0: first touch alone would put everything there
 thread_node, range_node = int(sys.argv[1]), int(sys.argv[2])
 

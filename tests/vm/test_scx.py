@@ -23,9 +23,9 @@ import time
 
 import pytest
 
+from cod.facts.procfs import cpus_allowed, thread_ids
 from cod.rm.enforce import detect
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
-from cod.rm.enforce.procfs import cpus_allowed, thread_ids
 from cod.rm.enforce.scxmaps import ScxMaps, scheduler_state
 from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
 from helpers.waiting import wait_until

@@ -19,9 +19,9 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
+from cod.facts import procfs
 from cod.facts.cpulist import format_cpulist
 from cod.facts.model import Machine
-from cod.rm.enforce import procfs
 from cod.rm.system_facts import memory_bandwidth_fact, numa_bandwidth_fact
 
 from ..errors import DeployError

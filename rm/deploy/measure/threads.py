@@ -1,4 +1,4 @@
-"""Per-thread CPU time of a process, for ``cod profile`` (read through :mod:`cod.rm.enforce.procfs`).
+"""Per-thread CPU time of a process, for ``cod profile`` (read through :mod:`cod.facts.procfs`).
 
 Sources, best first:
 
@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from cod.rm.enforce import procfs
+from cod.facts import procfs
 
 from ..errors import DeployError
 
@@ -86,10 +86,6 @@ def _taskstats():  # pragma: no cover - exercised where schedstat is missing
     return _TASKSTATS or None
 
 
-def _clock_ticks() -> int:
-    return os.sysconf("SC_CLK_TCK")
-
-
 def sample_thread(pid: int, tid: int, source: str, proc_root: str | Path = procfs.PROC) -> ThreadSample | None:
     """One thread's name and CPU time now; None if it has exited."""
     proc = str(proc_root)
@@ -108,7 +104,7 @@ def sample_thread(pid: int, tid: int, source: str, proc_root: str | Path = procf
         stats = msg.get_attr("TASKSTATS_TYPE_AGGR_PID").get_attr("TASKSTATS_TYPE_STATS")
         return ThreadSample(tid, comm, int(stats["cpu_run_real_total"]), int(stats["cpu_delay_total"]))
     ticks = procfs.thread_cpu_ticks(pid, tid, proc)
-    return None if ticks is None else ThreadSample(tid, comm, ticks * 1_000_000_000 // _clock_ticks(), None)
+    return None if ticks is None else ThreadSample(tid, comm, ticks * 1_000_000_000 // procfs.CLK_TCK, None)
 
 
 def sample_process(pid: int, source: str, proc_root: str | Path = procfs.PROC) -> dict[int, ThreadSample]:

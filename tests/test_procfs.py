@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from cod.rm.enforce import procfs
-from cod.rm.enforce.procfs import cpus_allowed, format_cpu_list, parse_cpu_list, parse_stat, read_stat
+from cod.facts import procfs
+from cod.facts.procfs import cpus_allowed, format_cpu_list, parse_cpu_list, parse_stat, read_stat
 
 
 @pytest.mark.parametrize("text,ids", [
@@ -40,7 +40,7 @@ def test_read_stat_of_self():
 
 def test_kept_file_of_an_exited_process_reads_none():
     import subprocess
-    from cod.rm.enforce.procfs import KeptFiles, parse_cpu_ticks
+    from cod.facts.procfs import KeptFiles, parse_cpu_ticks
     kept = KeptFiles()
     child = subprocess.Popen(["sleep", "30"])
     path = f"/proc/{child.pid}/stat"
@@ -72,7 +72,7 @@ def fake_process(root, pid: int, comm: str, threads: dict[int, tuple[str, int, i
 
 
 def test_every_reader_takes_the_one_root(tmp_path):
-    from cod.rm.enforce import procfs
+    from cod.facts import procfs
     fake_process(tmp_path, 100, "post) gres (x", {100: ("main", 50, 5, 900), 101: ("scan (1)", 9, 1, None)})
     proc = str(tmp_path)
     st = procfs.read_stat(100, proc=proc)
@@ -86,6 +86,12 @@ def test_every_reader_takes_the_one_root(tmp_path):
     assert procfs.thread_names(100, proc) == {100: "main", 101: "scan (1)"}
     assert procfs.thread_comm(100, 101, proc) == "scan (1)"
     assert procfs.thread_cpu_ticks(100, 101, proc) == 10
+    assert procfs.cpu_seconds(100, proc) == 10 / procfs.CLK_TCK
+    assert procfs.thread_state(100, 101, proc) == "R"
+    (tmp_path / "100" / "task" / "100" / "wchan").write_text("pipe_read")
+    (tmp_path / "100" / "task" / "101" / "wchan").write_text("0")  # running: the kernel says 0
+    assert procfs.thread_wait_channel(100, 100, proc) == "pipe_read"
+    assert procfs.thread_wait_channel(100, 101, proc) == ""
     assert procfs.thread_schedstat(100, 100, proc) == (50_000, 900)
     assert procfs.thread_schedstat(100, 101, proc) is None  # no schedstat file
     assert procfs.schedstat_delay_ns(100, proc) == 900
@@ -101,13 +107,15 @@ def test_every_reader_takes_the_one_root(tmp_path):
 
 
 def test_a_process_that_is_gone_reads_none(tmp_path):
-    from cod.rm.enforce import procfs
+    from cod.facts import procfs
     proc = str(tmp_path)
     assert procfs.cpu_ticks(7, proc) is None and procfs.cpu_totals(7, proc) is None
     assert procfs.start_time(7, proc) is None and not procfs.same_process(7, 1, proc)
     assert procfs.comm(7, proc) is None and procfs.thread_comm(7, 7, proc) is None
     assert procfs.thread_ids(7, proc) == [] and procfs.thread_names(7, proc) == {}
     assert procfs.thread_cpu_ticks(7, 7, proc) is None and procfs.thread_schedstat(7, 7, proc) is None
+    assert procfs.cpu_seconds(7, proc) is None
+    assert procfs.thread_state(7, 7, proc) is None and procfs.thread_wait_channel(7, 7, proc) is None
     assert procfs.schedstat_delay_ns(7, proc) is None
     assert procfs.real_uid(7, proc) is None and not procfs.is_process(7, proc) and not procfs.alive(7, proc)
     assert procfs.numa_maps(7, proc) is None

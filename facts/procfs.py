@@ -1,12 +1,13 @@
 """The one reader of /proc: what the daemon and the tools need about a process, its threads
 and the machine's CPU time.
 
-Every parse of ``/proc/PID/stat``, ``task/TID/stat``, ``schedstat``, ``comm``,
+Every parse of ``/proc/PID/stat``, ``task/TID/stat``, ``schedstat``, ``wchan``, ``comm``,
 ``status``, ``numa_maps``, ``/proc/stat`` and ``/proc/meminfo`` (its lines parsed by
 ``cod.facts.sysfs.parse_meminfo``) is here, used by the enforcer, the busy detector,
-the live state, elastic groups (``rm/elastic/measure.py``) and ``cod profile``
-(``rm/deploy/measure/threads.py``).  The one exception is the SKB's watch of its own
-engine's CPU time (``skb/lifecycle.py``), which keeps the SKB free of the RM's packages.
+the live state, elastic groups (``rm/elastic/measure.py``), ``cod profile``
+(``rm/deploy/measure/threads.py``) and the SKB's watch of its starting engine
+(``skb/lifecycle.py``).  It lives beside the sysfs reader, not in the RM's enforcer, so
+that the SKB reads /proc through it without importing the RM.
 
 As in psutil, every reader takes one root, ``proc`` (default ``/proc``), so tests point
 it at a fake tree; and a process is identified by (pid, start time), so that a pid
@@ -26,6 +27,7 @@ from cod.facts.cpulist import parse_cpulist as parse_cpu_list
 from cod.facts.sysfs import parse_meminfo
 
 PROC = "/proc"
+CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of stat's CPU times: clock ticks per second
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 
 
@@ -99,6 +101,20 @@ def cpu_ticks(pid: int, proc: str = PROC) -> tuple[int, int, int] | None:
     return parse_cpu_ticks(data)
 
 
+def cpu_seconds(pid: int, proc: str = PROC) -> float | None:
+    """The CPU time (user + system, every thread) process ``pid`` has used, in seconds; None if gone."""
+    ticks = cpu_ticks(pid, proc)
+    return ticks[0] / CLK_TCK if ticks is not None else None
+
+
+def thread_state(pid: int, tid: int, proc: str = PROC) -> str | None:
+    """Thread ``tid``'s scheduler state (R, S, D, ...) from its stat; None if it exited."""
+    try:
+        return read_stat(pid, tid, proc).state
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def cpu_totals(pid: int, proc: str = PROC) -> tuple[int, int, int] | None:
     """(utime+stime, cutime+cstime of the children it reaped, start time) of ``pid``; None if gone."""
     try:
@@ -151,6 +167,16 @@ def thread_comm(pid: int, tid: int, proc: str = PROC) -> str | None:
         return read_small(f"{proc}/{pid}/task/{tid}/comm").decode(errors="replace").rstrip("\n")
     except (FileNotFoundError, ProcessLookupError):
         return None
+
+
+def thread_wait_channel(pid: int, tid: int, proc: str = PROC) -> str | None:
+    """Where thread ``tid`` sleeps in the kernel (``/proc/PID/task/TID/wchan``, e.g. ``pipe_read``),
+    "" when it does not (running, or the kernel hides it); None if it exited."""
+    try:
+        text = read_small(f"{proc}/{pid}/task/{tid}/wchan").decode(errors="replace").strip()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return "" if text == "0" else text
 
 
 def thread_names(pid: int, proc: str = PROC) -> dict[int, str]:
