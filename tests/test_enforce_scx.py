@@ -109,3 +109,50 @@ def test_detect_sched_ext_on_a_kernel_without_it_falls_back_to_cpuset(tmp_path, 
 ])
 def test_group_0_gets_the_cpus_no_registered_task_reserved(tasks, others):
     assert others_cpus([0, 1, 2, 3], tasks) == others
+
+
+# ---- the loader's start and stop (cod.rm.enforce.scxloader), with stand-in programs ----------------
+def fake_sched_ext(root, state: str, ops: str | None) -> str:
+    (root / "root").mkdir(parents=True)
+    (root / "state").write_text(state + "\n")
+    if ops is not None:
+        (root / "root" / "ops").write_text(ops + "\n")
+    return str(root)
+
+
+def stand_in(tmp_path, script: str):
+    exe = tmp_path / "scx_cod"
+    exe.write_text("#!/bin/sh\n" + script + "\n")
+    exe.chmod(0o755)
+    return exe
+
+
+@pytest.mark.parametrize("script, state, ops, says", [
+    # it said it runs, and the kernel agrees
+    ('echo "scx_cod: running; maps pinned in /x"; echo bye >&2; exec sleep 60', "enabled", "cod", None),
+    # it said so, but another scheduler is the kernel's
+    ('echo "scx_cod: running; maps pinned in /x"; exec sleep 60', "enabled", "rusty", "is 'rusty', not 'cod'"),
+    # it could not attach: its own words, and what it wrote on stderr
+    ('echo "no luck" >&2; exit 1', "disabled", None, "it printed '' no luck"),
+    ('echo "half"; exec sleep 60', "enabled", "cod", "it printed 'half\\n'"),
+])
+def test_the_loader_starts_only_when_the_kernel_runs_it(tmp_path, script, state, ops, says):
+    from cod.rm.enforce.scxloader import ScxLoader
+
+    exe, sched_ext = stand_in(tmp_path, script), fake_sched_ext(tmp_path / "sx", state, ops)
+    if says is None:
+        loader = ScxLoader(exe, sched_ext)
+        assert loader.proc.poll() is None
+        rc, err = loader.stop()
+        assert (rc, err) == (-15, "bye\n") and loader.stop() == (rc, err)  # stopping twice: the same answer
+        return
+    with pytest.raises(EnforceError, match="scx_cod did not start") as got:
+        ScxLoader(exe, sched_ext)
+    assert says in str(got.value), got.value
+
+
+def test_a_loader_not_built_says_how_to_build_it(tmp_path):
+    from cod.rm.enforce.scxloader import ScxLoader, built_loader
+
+    with pytest.raises(EnforceError, match="is not built .*build_scx_cod.sh"):
+        ScxLoader(built_loader(tmp_path))

@@ -13,7 +13,6 @@ there (Figure 6 in the sched_ext guest, issue 27):
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import tempfile
 import threading
@@ -25,7 +24,6 @@ from typing import Iterator
 
 import common as c
 
-LOADER = c.REPO / "kernel_patches" / "scx_cod" / "build" / "scx_cod"
 PERCPU_SRC = c.REPO / "tests" / "vm" / "percpu.c"
 SLICE_MS = 50
 # A newcomer stops this long before the task's run ends: once the task has left, the RM frees
@@ -36,6 +34,8 @@ END_MARGIN_S = 2.0
 @contextmanager
 def scheduler(mode: str | None) -> Iterator[str]:
     """The sched_ext scheduler a run in enforcement ``mode`` needs; yields what is in force."""
+    from cod.rm.enforce.errors import EnforceError
+    from cod.rm.enforce.scxloader import ScxLoader, built_loader
     from cod.rm.enforce.scxmaps import scheduler_state
 
     running = scheduler_state() is None
@@ -48,20 +48,14 @@ def scheduler(mode: str | None) -> Iterator[str]:
     if running:
         yield "scx_cod (already running)"
         return
-    if not LOADER.exists():
-        raise SystemExit(f"{LOADER} is not built (kernel_patches/build_scx_cod.sh; it runs on a kernel with "
-                         "sched_ext: make vm-test VM_KERNEL=scx)")
-    proc = subprocess.Popen([str(LOADER)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        line = proc.stdout.readline()
-        if not line.startswith("scx_cod: running"):
-            proc.kill()
-            raise SystemExit(f"scx_cod did not start: {line!r} {proc.stderr.read().strip()}")
+        loader = ScxLoader(built_loader(c.REPO))
+    except EnforceError as err:
+        raise SystemExit(str(err)) from err
+    try:
         yield "scx_cod (started for this run)"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        loader.stop()
 
 
 def build_percpu(into: Path) -> Path:

@@ -20,12 +20,14 @@ import signal
 import statistics
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
 from cod.facts.procfs import cpus_allowed, thread_ids
 from cod.rm.enforce import detect
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
+from cod.rm.enforce.scxloader import ScxLoader, built_loader
 from cod.rm.enforce.scxmaps import ScxMaps, scheduler_state
 from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
 from helpers.waiting import wait_until
@@ -33,7 +35,7 @@ from rmguest import SLOW, connection, guest_daemon, result
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-LOADER = os.path.join(ROOT, "kernel_patches", "scx_cod", "build", "scx_cod")
+LOADER = built_loader(Path(ROOT))
 PARENT = f"cod-scx-{os.getpid()}"
 RUN_S = 3.0
 
@@ -41,26 +43,12 @@ RUN_S = 3.0
 @pytest.fixture(scope="module", autouse=True)
 def sched_ext_kernel():
     assert os.path.exists("/sys/kernel/sched_ext/state"), "this guest's kernel has no sched_ext (VM_KERNEL=scx?)"
-    assert os.path.exists(LOADER), f"{LOADER} is not built (kernel_patches/build_scx_cod.sh)"
-
-
-class Loader:
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen([LOADER], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline()
-        assert line.startswith("scx_cod: running"), f"scx_cod did not start: {line!r} {self.proc.stderr.read()}"
-        assert scheduler_state() is None
-
-    def stop(self, sig: int = signal.SIGTERM) -> tuple[int, str]:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        self.proc.wait(60)
-        return self.proc.returncode, self.proc.stderr.read()
+    assert LOADER.exists(), f"{LOADER} is not built (kernel_patches/build_scx_cod.sh)"
 
 
 @pytest.fixture
 def loader():
-    ld = Loader()
+    ld = ScxLoader(LOADER)
     yield ld
     ld.stop()
 
@@ -202,7 +190,7 @@ def test_a_reallocation_is_a_map_update(topo, loader, enforcer, percpu):
 
 def test_killing_the_loader_falls_back_to_cpuset_and_a_new_loader_takes_over(topo, enforcer, spawn, percpu):
     reserved, free = reserved_and_free(topo)
-    ld = Loader()
+    ld = ScxLoader(LOADER)
     try:
         assert enforcer.check() and enforcer.active
         db = spawn(len(reserved), "spin")
@@ -213,7 +201,7 @@ def test_killing_the_loader_falls_back_to_cpuset_and_a_new_loader_takes_over(top
         assert "fallback cpuset" in enforcer.describe()
         cg = os.path.join(find_cpuset_mount().path, PARENT, "db")
         assert {cpus_allowed(db.pid, t) for t in thread_ids(db.pid)} == {tuple(reserved)}, cg
-        ld = Loader()
+        ld = ScxLoader(LOADER)
         assert enforcer.check() and enforcer.active
         assert not os.path.exists(cg), "the cgroup is released when the scheduler takes the task back"
         assert ms_on(run_percpu(percpu, topo.cpus, 1.0), reserved) == 0
@@ -223,7 +211,7 @@ def test_killing_the_loader_falls_back_to_cpuset_and_a_new_loader_takes_over(top
 
 def test_the_kernels_ejection_falls_back_and_the_loader_says_why(topo, enforcer, spawn):
     reserved, _free = reserved_and_free(topo)
-    ld = Loader()
+    ld = ScxLoader(LOADER)
     try:
         assert enforcer.check() and enforcer.active
         db = spawn(len(reserved), "spin")
@@ -253,7 +241,7 @@ def test_context_switch_cost_against_the_fair_scheduler(tmp_path):
     for _ in range(3):
         assert scheduler_state() is not None
         fair.append(per_round())
-        ld = Loader()
+        ld = ScxLoader(LOADER)
         try:
             scx.append(per_round())
         finally:
@@ -278,7 +266,7 @@ def test_the_rm_daemon_enforces_through_scx_cod_and_falls_back_to_cpuset(topo, t
     # the task off the CPU it lost, and killing the loader leaves a task confined by cpuset.
     # No process is busy to the daemon (--busy-scope uids:65534): whatever keeps the newcomer
     # off the reserved CPUs is the scheduler, not the busy detector.
-    ld = Loader()
+    ld = ScxLoader(LOADER)
     maps = ScxMaps()
     db = None
     try:
