@@ -73,8 +73,12 @@ def test_many_threads_each_get_their_own_reply_while_upcalls_arrive(magny, threa
 
 
 def test_a_lone_caller_reads_its_own_reply_and_the_reader_thread_reads_the_rest(magny):
-    """No hand-off: the reply to a call is read on the calling thread, an upcall with no call in
-    flight on the reader thread (the old client read every frame on the reader thread)."""
+    """No hand-off: the reply to a call made while nobody holds the read turn is read on the
+    calling thread, an upcall with no call in flight on the reader thread (the old client read
+    every frame on the reader thread).  The caller takes the turn before it sends: a reply that came
+    before the caller waited for it (the caller descheduled after its send, on a loaded machine)
+    went to the reader thread, which read it and handed it over (a clean-clone run beside a
+    spinner: the 8th of 20 queries)."""
     got = threading.Event()
     with through_daemon(Client.connect(str(magny.path))) as c, Client.connect(str(magny.path)) as other:
         readers: list[tuple[str, int]] = []
@@ -84,20 +88,61 @@ def test_a_lone_caller_reads_its_own_reply_and_the_reader_thread_reads_the_rest(
             readers.append(("reply" if "id" in msg else msg["method"], threading.get_ident()))
             hand_on(msg)
 
+        def alone() -> None:
+            # A reader thread woken by the last reply steps aside, and gets the turn back once the
+            # caller is done: it keeps it a moment (one empty read). A call then would be its own
+            # reader's; the design hands it the reply, so each call here starts once it is free.
+            wait_until(lambda: idle(c), 10, "the read turn free")
+
         c._on_message = watched  # type: ignore[method-assign]
+        alone()
         c.subscribe("task_left", None, lambda e: got.set())
         for _ in range(20):
+            alone()
             assert c.execute_query("true") == [{}]
         other.register_task("seen", max_cores=1)
         other.deregister_task("seen")
         assert got.wait(10)
         me = threading.get_ident()
         replies = [t for kind, t in readers if kind == "reply"]
-        # The first call (subscribe) may meet the reader thread that connect started still holding
-        # the token in its first wait (once in a clean-clone run with a spinning shell beside it):
-        # it reads that reply and hands the turn over; the 20 queries after it read their own.
-        assert len(replies) == 21 and replies[0] in (me, c._reader_ident) and replies[1:] == [me] * 20
+        assert replies == [me] * 21
         assert [(kind, t) for kind, t in readers if kind != "reply"] == [("task_left", c._reader_ident)]
+
+
+class _SlowAfterSend:
+    """The client's socket, with a pause after each send: the caller is away when its reply comes."""
+
+    def __init__(self, sock, pause_s: float) -> None:
+        self._sock, self._pause_s = sock, pause_s
+
+    def sendall(self, data: bytes) -> None:
+        self._sock.sendall(data)
+        time.sleep(self._pause_s)
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
+
+
+def test_a_reply_that_comes_before_its_caller_waits_is_still_read_by_the_caller(magny):
+    """The caller holds the read turn from before its send: the reader thread, the only thread in
+    the epoll set when the reply comes, wakes and steps aside instead of reading the reply and
+    handing it over (it did, when the caller took the turn after sending)."""
+    with through_daemon(Client.connect(str(magny.path))) as c:
+        readers: list[int] = []
+        hand_on = c._on_message
+
+        def watched(msg: dict) -> None:
+            if "id" in msg:
+                readers.append(threading.get_ident())
+            hand_on(msg)
+
+        c._on_message = watched  # type: ignore[method-assign]
+        c._sock = _SlowAfterSend(c._sock, 0.2)  # type: ignore[assignment]
+        for _ in range(3):
+            wait_until(lambda: idle(c), 10, "the read turn free")
+            assert c.execute_query("true") == [{}]
+        assert readers == [threading.get_ident()] * 3
+        wait_until(lambda: idle(c), 10, "the read turn free")
 
 
 def test_upcalls_arrive_while_the_application_calls_nothing(magny):

@@ -92,6 +92,7 @@ class Transport(ClientParts):
         frame = encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
         with self._pending_lock:
             self._pending[rid] = waiter
+        self._turns.take(rid, waiter)  # the read turn before the reply can come, when nobody reads
         try:
             with self._send_lock:
                 sock = self._sock if self._connected.is_set() else None

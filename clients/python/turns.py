@@ -1,8 +1,9 @@
 """Whose turn it is to read the daemon's socket: the lead token and the epoll set its holder waits in.
 
-One thread at a time reads the socket: the holder of the lead token (`ReadTurns`).  A caller that
-has sent its request takes the token when nobody holds it and reads until its own reply comes
-(:mod:`.reading`); callers that find it taken wait on their own `_Waiter`, and the holder that is
+One thread at a time reads the socket: the holder of the lead token (`ReadTurns`).  A caller
+takes the token when nobody holds it, before it sends its request (so that a reply that comes
+before the caller waits for it is not read by the reader thread and handed over), and reads until
+its own reply comes (:mod:`.reading`); callers that find it taken wait on their own `_Waiter`, and the holder that is
 done passes the token to one of them (`_Waiter.promote`), or, when no call waits, back to the
 reader thread, which reads only while no caller does.
 
@@ -45,13 +46,14 @@ class ReadTurns:
 
     # ---- the token ----------------------------------------------------------------------------
     def take(self, rid: int, waiter: _Waiter) -> bool:
-        """A caller's bid after sending: True when it holds the token now (then it must `pass_on`)."""
+        """A caller's bid, before it sends and again after: True when it holds the token now (then
+        it is marked promoted, and must `pass_on` once it has its reply or gives up)."""
         with self._lock:
             if waiter.promoted:
                 return True
             if self._leading or rid not in self._pending:  # someone reads, or the reply is in already
                 return False
-            self._leading = True
+            self._leading = waiter.promoted = True
             return True
 
     def reader_take(self) -> bool:
