@@ -127,7 +127,11 @@ class AsyncSKB:
         proc = self._engine.spawn()
         # The transports own the pipes from here on (the lifecycle closes only what is left).
         stdout, stdin, proc.stdout, proc.stdin = proc.stdout, proc.stdin, None, None
-        self._output, self._protocol = await loop.connect_read_pipe(lambda: _EngineOutput(self), stdout)
+        # The protocol is ours before the pipe is read: uvloop may deliver what the engine wrote
+        # already (its ready line, on a loaded machine) before connect_read_pipe returns, and
+        # _on_data drops what comes through any other protocol (an old engine's).
+        self._protocol = protocol = _EngineOutput(self)
+        self._output, _ = await loop.connect_read_pipe(lambda: protocol, stdout)
         self._stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, stdin)
         watch, line, why = StartupWatch(proc.pid), None, ""
         while why == "":

@@ -355,3 +355,35 @@ def test_an_engine_that_exits_at_start_says_how(driver, tmp_path):
                 engine = await AsyncSKB.start(cfg)
                 await engine.close()
             asyncio.run(start())
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_a_ready_line_in_the_pipe_before_the_driver_reads_it_is_taken(loop, monkeypatch):
+    """The engine's ready line already in the pipe when the async driver starts reading it (the
+    daemon's event loop held up while the engine started, on a loaded machine).  uvloop delivered
+    it before connect_read_pipe returned, the driver dropped it as another engine's output, and
+    after 20 s said a healthy engine waiting on its stdin "did not start ... (stuck); swipl: S in
+    anon_pipe_read": twice in clean-clone runs, found in session 8."""
+    import select
+    import uvloop
+
+    from cod.skb import lifecycle
+
+    spawn_engine = lifecycle.EngineProcess.spawn
+
+    def spawn_then_stall(self):
+        proc = spawn_engine(self)
+        assert select.select([proc.stdout], [], [], 60)[0], "no ready line in 60 s"  # the loop held up meanwhile
+        return proc
+
+    monkeypatch.setattr(lifecycle.EngineProcess, "spawn", spawn_then_stall)
+
+    async def scenario() -> list:
+        engine = await AsyncSKB.start(load_library=False)
+        try:
+            await engine.add_facts("r", PERSISTENT, ["f(7)"])
+            return await engine.execute_query("r", "f(X)")
+        finally:
+            await engine.close()
+
+    assert (uvloop.run if loop == "uvloop" else asyncio.run)(scenario()) == [{"X": 7}]
