@@ -128,8 +128,8 @@ def stand_in(tmp_path, script: str):
 
 
 @pytest.mark.parametrize("script, state, ops, says", [
-    # it said it runs, and the kernel agrees
-    ('echo "scx_cod: running; maps pinned in /x"; echo bye >&2; exec sleep 60', "enabled", "cod", None),
+    # it said it runs, and the kernel agrees (its stderr written before: a SIGTERM may come first)
+    ('echo bye >&2; echo "scx_cod: running; maps pinned in /x"; exec sleep 60', "enabled", "cod", None),
     # it said so, but another scheduler is the kernel's
     ('echo "scx_cod: running; maps pinned in /x"; exec sleep 60', "enabled", "rusty", "is 'rusty', not 'cod'"),
     # it could not attach: its own words, and what it wrote on stderr
