@@ -48,7 +48,12 @@ NOEXEC_SO := skb/native/cod_noexec.so
 # The unprivileged user the SKB engine runs as when the daemon is root (EngineConfig.user, RM skb_user).
 SKB_USER ?= cod-skb
 
-setup: deps $(STAMP) $(NOEXEC_SO) skb-user bpf
+# The direct channel's frames in C (skb/native/cod_frames.c, loaded by skb/prolog/cod_frames.pl;
+# without it the same predicates run in Prolog): SWI-Prolog's foreign headers and jansson.
+FRAMES_SO := skb/native/cod_frames.so
+SWIPL_INCLUDE = $(shell swipl --dump-runtime-variables | sed -n 's/^PLBASE="\(.*\)";$$/\1/p')/include
+
+setup: deps $(STAMP) $(NOEXEC_SO) $(FRAMES_SO) skb-user bpf
 
 # The BPF process events' object and loader (rm/enforce/bpfevents.py; the RM uses the proc connector without them).
 bpf:
@@ -56,6 +61,9 @@ bpf:
 
 $(NOEXEC_SO): skb/native/cod_noexec.c
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $<
+
+$(FRAMES_SO): skb/native/cod_frames.c
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -I$(SWIPL_INCLUDE) -o $@ $< -ljansson
 
 # As root: a system user with no home, no shell and no password; without it the engine runs as nobody.
 skb-user:
@@ -146,5 +154,5 @@ bench: setup
 	@for b in bench/*_bench.py; do echo "== $$b"; $(VPY) $$b; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(NOEXEC_SO)
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(NOEXEC_SO) $(FRAMES_SO)
 	$(MAKE) -s -C rm/enforce/bpf clean

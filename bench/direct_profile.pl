@@ -10,7 +10,8 @@ one step at a time with the others left out.  Prints one JSON object:
 CPU microseconds of this thread per call (so that other processes on a
 shared machine do not count), the least of 7 rounds of N calls.
 Steps marked _before are the implementations replaced by issue 31, kept
-here to compare in one run; query_goal_not_cached is a query whose parse
+here to compare in one run (_prolog: cod_frames.pl's Prolog reader and
+writer, used when its C library is not built); query_goal_not_cached is a query whose parse
 the thread has not kept (its first run, or another text).
 */
 
@@ -46,7 +47,8 @@ main :-
     Opts = [all(true), max_solutions(10000), time_limit(5), inference_limit(10000000)],
     run_query(prof, "bench_fact(X)", Opts, answer(Sols, _, _)),
     Steps = [ step(open_string_only, open_only(Frame)),
-              step(read_body, read_one_frame(Frame)),
+              step(read_frame_json_c, read_frame_with(cod_frames:read_frame_json, Frame)),
+              step(read_frame_json_prolog, read_frame_with(cod_frames:prolog_frame, Frame)),
               step(read_body_memfile_before, read_one_frame_before(Frame)),
               step(json_to_dict_library_before, atom_json_dict(Body, _, [value_string_as(string), tag('')])),
               step(json_to_dict_fast, cod_fastjson:fast_json_dict(BodyS, _)),
@@ -64,6 +66,7 @@ main :-
               step(send_result, cod_direct:send_result(Null, 1, answer(answer(Sols, false, 3)))),
               step(answer_size_within, cod_json:answer_size_within(Sols, 1048576)),
               step(frame_body, cod_direct:frame_body(Null, reply_text(Sols))),
+              step(frame_body_prolog_writer, frame_body_prolog(Null, reply_text(Sols))),
               step(frame_body_memfile_before, frame_body_before(Null, reply_text(Sols))),
               step(thread_self, thread_self(_)),
               step(get_time, get_time(_))
@@ -85,13 +88,16 @@ frame_text(Body, Len, Frame) :-
     setup_call_cleanup(open_memory_file(Frame, write, W, [encoding(octet)]),
                        maplist(put_byte(W), [B0, B1, B2, B3|Cs]), close(W)).
 
-read_one_frame(Frame) :-
+%   read_frame_with(:Reader, +Frame): the rest of the frame after its first
+%   byte, read and parsed by Reader (cod_frames.pl's C or Prolog reader).
+read_frame_with(Reader, Frame) :-
     setup_call_cleanup(open_memory_file(Frame, read, In, [encoding(octet)]),
-                       (
-                         get_byte(In, B0), get_byte(In, B1), get_byte(In, B2), get_byte(In, B3),
-                         Size is (B0 << 24) \/ (B1 << 16) \/ (B2 << 8) \/ B3,
-                         cod_direct:read_body(In, Size, _) ),
+                       ( get_byte(In, B0), call(Reader, In, B0, 1048576, json(_)) ),
                        close(In)).
+
+frame_body_prolog(Out, Writer) :-
+    with_output_to(string(Text), Writer),
+    cod_frames:prolog_write_frame(Out, Text, 1048576).
 
 open_only(Frame) :-
     setup_call_cleanup(open_memory_file(Frame, read, In, [encoding(octet)]), true, close(In)).

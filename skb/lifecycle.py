@@ -38,7 +38,11 @@ from .stderr_log import StderrLog
 log = logging.getLogger("cod.skb")
 
 LOCKDOWN = Path(__file__).resolve().parent / "lockdown.py"
-NOEXEC_LIBRARY = Path(__file__).resolve().parent / "native" / "cod_noexec.so"
+NATIVE_DIR = Path(__file__).resolve().parent / "native"
+NOEXEC_LIBRARY = NATIVE_DIR / "cod_noexec.so"
+# The direct channel's frames in C (native/cod_frames.c); the engine is told where it is
+# (COD_FRAMES_LIBRARY) and reads its frames in Prolog without it.
+FRAMES_LIBRARY = NATIVE_DIR / "cod_frames.so"
 FIRST_REACH_FD = lockdown.FIRST_REACH_FD
 KILL_WAIT_S = 5.0
 
@@ -135,11 +139,14 @@ class EngineProcess:
             from .session import library_dir
 
             self._reach.append(str(library_dir().resolve()))
-        if NOEXEC_LIBRARY.exists():
-            self._reach.append(str(NOEXEC_LIBRARY.parent))
-        else:
+        if NOEXEC_LIBRARY.exists() or FRAMES_LIBRARY.exists():
+            self._reach.append(str(NATIVE_DIR))
+        if not NOEXEC_LIBRARY.exists():
             _warn_once("noexec", "%s is not built (make setup): the SKB engine runs without its seccomp "
                        "filter against execve", NOEXEC_LIBRARY)
+        if not FRAMES_LIBRARY.exists():
+            _warn_once("frames", "%s is not built (make setup): the SKB engine reads the direct channel's "
+                       "frames in Prolog, at about twice the CPU", FRAMES_LIBRARY)
 
     # ---- where the engine finds things ---------------------------------------
     def engine_path(self, path: str | Path) -> str:
@@ -175,6 +182,8 @@ class EngineProcess:
             wrapper += ["--memory", str(cfg.memory_limit_bytes)]
         if NOEXEC_LIBRARY.exists():
             wrapper += ["--env", f"LD_PRELOAD={self.engine_path(NOEXEC_LIBRARY)}"]
+        if FRAMES_LIBRARY.exists():
+            wrapper += ["--env", f"COD_FRAMES_LIBRARY={self.engine_path(FRAMES_LIBRARY)}"]
         tmp = self.engine_path(self.private_dir)
         wrapper += ["--env", f"TMPDIR={tmp}", "--env", f"TMP={tmp}"]
         if not cfg.landlock:

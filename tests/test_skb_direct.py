@@ -122,6 +122,39 @@ def test_a_forged_capability_is_refused(daemon):
         assert r["error"]["code"] == -32000  # still no hello
 
 
+def rpc_text(s: socket.socket, text: str) -> dict:
+    body = text.encode()
+    s.sendall(struct.pack(">I", len(body)) + body)
+    (n,) = struct.unpack(">I", s.recv(4, socket.MSG_WAITALL))
+    return json.loads(s.recv(n, socket.MSG_WAITALL))
+
+
+QUERY = '{"jsonrpc":"2.0","id":2,"method":"execute_query","params":{"goal":%s}}'
+
+
+# Request texts the engine's C frame reader takes itself, and texts it leaves to library(http/json)
+# (skb/prolog/cod_frames.pl): each answered as before, and an escaped surrogate pair read as JSON says.
+@pytest.mark.parametrize("text, expected", [
+    (QUERY % json.dumps("atom_length('\u00e9\U0001F600', N)", ensure_ascii=False), {"N": 2}),  # raw UTF-8
+    (QUERY % json.dumps("atom_length('\u00e9\U0001F600', N)"), {"N": 2}),  # a surrogate pair escaped
+    (QUERY % json.dumps('X = "a\\\\b\\n\\"\\u00e9"'), {"X": 'a\\b\n"\u00e9'}),  # escapes
+    ('{"jsonrpc":"2.0","id":2,"method":"execute_query","params":{"goal":"X = 1","goal":"X = 2"}}',
+     -32700),  # a duplicate key: refused by the library, as before
+    ('{"jsonrpc":"2.0","id":2,"method":"execute_query","params":{"goal":"X = 1"}} {}',
+     {"X": 1}),  # trailing text: the library reads the first value, as before
+], ids=["utf8", "surrogate-escape", "escapes", "duplicate-key", "trailing-text"])
+def test_frames_the_c_reader_takes_or_leaves_are_answered_alike(daemon, text, expected):
+    with client(daemon, True) as c:
+        s = raw_direct(c.server_info["skb"]["socket"])
+        assert "result" in rpc(s, "hello", {"version": 1, "token": c.server_info["skb"]["token"]})
+        r = rpc_text(s, text)
+        if isinstance(expected, int):
+            assert r["error"]["code"] == expected, r
+        else:
+            assert r["result"]["solutions"] == [expected], r
+        assert rpc(s, "ping", {}, 3)["result"] == "pong"  # the connection goes on
+
+
 def test_the_direct_channel_survives_an_skb_restart(tmp_path):
     d = start_daemon(tmp_path, "--machine", "shanghai")
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cod.skb import SKB, AsyncSKB, EngineConfig
-from cod.skb.lifecycle import NOEXEC_LIBRARY, engine_identity
+from cod.skb.lifecycle import FRAMES_LIBRARY, NOEXEC_LIBRARY, engine_identity
 from cod.skb.lockdown import landlock_abi
 from cod.skb.session import Session
 from cod.skb.stderr_log import BURST, RateLimit, printable
@@ -73,6 +73,14 @@ def test_the_engine_runs_as_an_unprivileged_uid_with_no_capabilities():
         if NOEXEC_LIBRARY.exists():
             assert st["Seccomp"] == "2"
         assert ask(skb, "escape_shell('id -u', R)") != "0"
+
+
+def test_the_locked_down_engine_loads_its_frame_library():
+    """The direct channel's frames in C (skb/native/cod_frames.c): the engine reaches the library
+    through its lockdown, or it would read every frame in Prolog at twice the CPU, silently."""
+    assert FRAMES_LIBRARY.exists(), f"{FRAMES_LIBRARY} is not built: make setup"
+    with escaped() as skb:
+        assert FRAMES_LIBRARY.name in Path(f"/proc/{skb.pid}/maps").read_text()
 
 
 # ---- what an escape can do ---------------------------------------------------------------------

@@ -15,7 +15,7 @@
 :- use_module(library(aggregate)).
 :- use_module(library(http/json)).
 :- use_module(cod_json).
-:- use_module(cod_fastjson).
+:- use_module(cod_frames).
 :- use_module(cod_errors).
 
 /** <module> Queries in one hop
@@ -234,43 +234,23 @@ session(In, Out, App) :-
     ).
 
 read_frame(In, B0, Outcome) :-
-    get_byte(In, B1), get_byte(In, B2), get_byte(In, B3),
-    (   memberchk(-1, [B1, B2, B3])
-    ->  throw(cod_close)
-    ;   true
-    ),
-    Size is (B0 << 24) \/ (B1 << 16) \/ (B2 << 8) \/ B3,
     direct_option(max_frame_bytes, Max),
-    (   Size > Max
-    ->  format(string(Msg), "frame of ~w bytes exceeds the limit of ~w bytes", [Size, Max]),
-        Outcome = fatal(-32600, Msg)
-    ;   read_body(In, Size, Body),
-        parse_request(Body, Outcome)
-    ).
+    read_frame_json(In, B0, Max, Frame),
+    frame_outcome(Frame, Max, Outcome).
 
-%   read_body(+In, +Size, -Body): the next Size bytes of In, as UTF-8
-%   text.  A peer that hangs up in the middle of a frame ends the session.
-%   The bytes are read as one Latin-1 string (In is binary) and decoded
-%   from UTF-8 in C (string_bytes/3): the same text as through a memory
-%   file, at a bit more than half its CPU (docs/design-rm.md, "Where
-%   the microseconds go").  The byte list costs 24 bytes of stack per
-%   byte: 24 MB for a frame at the 1 MiB limit, under the 256 MiB stack.
-read_body(In, Size, Body) :-
-    read_string(In, Size, Raw),
-    (   string_length(Raw, Size)
-    ->  true
-    ;   throw(cod_close)
-    ),
-    string_codes(Raw, Bytes),
-    string_bytes(Body, Bytes, utf8).
+frame_outcome(closed, _, _) :-
+    throw(cod_close).
+frame_outcome(too_big(Size), Max, fatal(-32600, Msg)) :-
+    format(string(Msg), "frame of ~w bytes exceeds the limit of ~w bytes", [Size, Max]).
+frame_outcome(json(Dict), _, Outcome) :-
+    request_parts(Dict, Outcome).
+frame_outcome(text(Body), _, Outcome) :-
+    parse_request(Body, Outcome).
 
-%   parse_request(+Body, -Outcome): a request's text read by the term
-%   reader when it is in the subset where that reader and JSON agree
-%   (cod_fastjson.pl), otherwise by library(http/json).
+%   parse_request(+Body, -Outcome): a request's text that the frame reader
+%   left to library(http/json) (cod_frames.pl).
 parse_request(Body, Outcome) :-
-    (   fast_json_dict(Body, Dict)
-    ->  true
-    ;   catch(atom_json_dict(Body, Dict, [value_string_as(string), tag('')]), E, true)
+    (   catch(atom_json_dict(Body, Dict, [value_string_as(string), tag('')]), E, true)
     ->  true
     ;   E = failed
     ),
@@ -521,21 +501,11 @@ rpc_code(SkbCode, Code) :-
     ).
 
 %   frame_body(+Out, :Writer): write what Writer prints as one frame
-%   (length in bytes, then the UTF-8 body).  A body over the frame limit
-%   becomes an error reply for this request.  Writer prints into a string;
-%   its UTF-8 bytes go to Out (binary) in one write (answer_size_within/2
-%   has bounded the text before it is written).
+%   (cod_frames.pl).  A body over the frame limit becomes an error reply
+%   for this request (answer_size_within/2 has bounded the text before it
+%   is written).
 :- meta_predicate frame_body(+, 0).
 frame_body(Out, Writer) :-
     with_output_to(string(Text), Writer),
-    string_bytes(Text, Bytes, utf8),
-    length(Bytes, Size),
     direct_option(max_frame_bytes, Max),
-    (   Size > Max
-    ->  throw(error(resource_error(cod_reply(Size, Max)), _))
-    ;   true
-    ),
-    B0 is (Size >> 24) /\ 0xff, B1 is (Size >> 16) /\ 0xff,
-    B2 is (Size >> 8) /\ 0xff, B3 is Size /\ 0xff,
-    format(Out, "~s", [[B0, B1, B2, B3|Bytes]]),
-    flush_output(Out).
+    write_frame(Out, Text, Max).
