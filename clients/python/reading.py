@@ -29,9 +29,11 @@ def _left(deadline: float | None) -> float | None:
 class Reading(ClientParts):
     """The read side of `Client`: waiting for a reply, reading as the caller, the reader thread."""
 
-    def _await_reply(self, rid: int, waiter: _Waiter, deadline: float | None) -> dict[str, Any] | None:
-        """The reply to call `rid` (sent already), or None when `deadline` passed first."""
-        if not self._turns.take(rid, waiter):
+    def _await_reply(self, rid: int, waiter: _Waiter, deadline: float | None,
+                     leading: bool = False) -> dict[str, Any] | None:
+        """The reply to call `rid` (sent already), or None when `deadline` passed first.  `leading`:
+        the caller's bid before it sent won the read turn (else it bids again: the reader may be done)."""
+        if not (leading or self._turns.take(rid, waiter)):
             if not waiter.wait(_left(deadline)):
                 self._turns.abandon(rid, waiter)
                 return None

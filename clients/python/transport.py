@@ -92,7 +92,7 @@ class Transport(ClientParts):
         frame = encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
         with self._pending_lock:
             self._pending[rid] = waiter
-        self._turns.take(rid, waiter)  # the read turn before the reply can come, when nobody reads
+        leading = self._turns.take(rid, waiter)  # the read turn before the reply can come, when nobody reads
         try:
             with self._send_lock:
                 sock = self._sock if self._connected.is_set() else None
@@ -104,7 +104,7 @@ class Transport(ClientParts):
             if isinstance(err, ConnectionLost):
                 raise
             raise ConnectionLost(f"sending {method}: {err}") from None
-        reply = self._await_reply(rid, waiter, None if timeout is None else time.monotonic() + timeout)
+        reply = self._await_reply(rid, waiter, None if timeout is None else time.monotonic() + timeout, leading)
         if reply is None:
             raise CodError(f"{method}: no reply within {timeout} s")
         if "lost" in reply:
