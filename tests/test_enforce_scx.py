@@ -151,6 +151,19 @@ def test_the_loader_starts_only_when_the_kernel_runs_it(tmp_path, script, state,
     assert says in str(got.value), got.value
 
 
+def test_a_loader_that_writes_much_on_stderr_is_not_stopped_by_it(tmp_path):
+    """200 KB on its standard error before it says it runs: more than a pipe holds (64 KB), which
+    nobody reads while it runs; it used to block there, and its start with it."""
+    from cod.rm.enforce.scxloader import ScxLoader
+
+    exe = stand_in(tmp_path, 'head -c 200000 /dev/zero | tr "\\0" x >&2; '
+                             'echo "scx_cod: running; maps pinned in /x"; exec sleep 60')
+    with ScxLoader(exe, fake_sched_ext(tmp_path / "sx", "enabled", "cod")) as loader:
+        assert loader.proc.poll() is None
+    rc, err = loader.stop()
+    assert rc == -15 and err == "x" * 200000
+
+
 def test_a_loader_not_built_says_how_to_build_it(tmp_path):
     from cod.rm.enforce.scxloader import ScxLoader, built_loader
 

@@ -52,10 +52,8 @@ def scheduler(mode: str | None) -> Iterator[str]:
         loader = ScxLoader(built_loader(c.REPO))
     except EnforceError as err:
         raise SystemExit(str(err)) from err
-    try:
+    with loader:
         yield "scx_cod (started for this run)"
-    finally:
-        loader.stop()
 
 
 def build_percpu(into: Path) -> Path:

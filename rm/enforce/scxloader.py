@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import tempfile
 from pathlib import Path
 
 from .errors import EnforceError
@@ -35,7 +36,10 @@ class ScxLoader:
             raise EnforceError(f"{path} is not built (kernel_patches/build_scx_cod.sh; it runs on a kernel "
                                "with sched_ext: make vm-test VM_KERNEL=scx)")
         self._stopped: tuple[int, str] | None = None
-        self.proc = subprocess.Popen([str(path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # Its standard error goes to a file read at stop: a pipe nobody reads while it runs would
+        # stop the loader once 64 KB of libbpf's messages filled it.
+        self._stderr = tempfile.TemporaryFile(mode="w+", prefix="scx_cod-stderr-")
+        self.proc = subprocess.Popen([str(path)], stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         line = self.proc.stdout.readline() if self.proc.stdout else ""
         why = scheduler_state(sched_ext) if line.startswith(READY) else f"it printed {line!r}"
         if why is not None:
@@ -50,10 +54,11 @@ class ScxLoader:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         self.proc.wait(STOP_WAIT_S)
-        err = self.proc.stderr.read() if self.proc.stderr else ""
-        for pipe in (self.proc.stdout, self.proc.stderr):
-            if pipe is not None:
-                pipe.close()
+        self._stderr.seek(0)
+        err = self._stderr.read()
+        self._stderr.close()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self._stopped = (self.proc.returncode, err)
         return self._stopped
 
