@@ -13,7 +13,7 @@
  * and the caller parses it with the library, as before: text that is not
  * valid UTF-8 or that jansson refuses (syntax, trailing text, duplicate
  * keys, NUL, integers beyond 64 bits, lone surrogates, nesting past
- * jansson's bound).  One difference is kept on purpose: an escaped UTF-16
+ * jansson's bound), and bodies over MAX_PARSED_BYTES.  One difference is kept on purpose: an escaped UTF-16
  * surrogate pair is one character, as JSON (RFC 8259) and the Resource
  * Manager's reader say; library(http/json) makes it two surrogate code
  * points, which the engine cannot use in an atom.
@@ -42,6 +42,11 @@ static functor_t FUNCTOR_dict1, FUNCTOR_raw1, FUNCTOR_too_big1;
 
 /* Nothing declined here is a request: this bounds only the C stack. */
 #define MAX_NESTING 512
+/* A body is parsed here only up to this size: jansson's tree (its memory is outside the
+ * engine's Prolog stack limits) takes up to ~40 bytes per byte of text such as "[],[],...",
+ * so ~2.6 MB per connection at most.  A request is a goal text and a few keys; a larger body goes
+ * to the library, as with the Prolog reader (cod_fastjson.pl's max_chars). */
+#define MAX_PARSED_BYTES 65536
 
 static int put_json(term_t t, json_t *v, int depth);
 
@@ -105,6 +110,8 @@ static int put_json(term_t t, json_t *v, int depth) {
 
 /* The dict of a JSON object in body[0..len), or FALSE when declined. */
 static int put_request_dict(term_t dict, const char *body, size_t len) {
+    if (len > MAX_PARSED_BYTES)
+        return FALSE;
     json_error_t error;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &error);
     if (!root)

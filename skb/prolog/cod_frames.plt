@@ -82,6 +82,23 @@ test(prolog_reader_agrees_with_the_library, [forall((parsed(T) ; declined(T)))])
 agrees(json(Dict), T) :- library_dict(T, Want), Dict =@= Want.
 agrees(text(T0), T) :- T0 == T.
 
+%   Over 64 KiB a body is left to the library (jansson's memory is not
+%   under the engine's stack limits).
+test(c_leaves_a_large_body_to_the_library, [true(Got == text(T))]) :-
+    cod_frames:c_frames,
+    length(Xs, 70000), maplist(=(0'x), Xs), string_codes(X, Xs),
+    format(string(T), "{\"goal\":\"~s\"}", [X]),
+    frame_bytes(T, Bytes),
+    frame_read(c, Bytes, 1048576, Got).
+
+test(c_parses_a_body_of_64_kib, [true(Got = json(_))]) :-
+    cod_frames:c_frames,
+    length(Xs, 65525), maplist(=(0'x), Xs), string_codes(X, Xs),
+    format(string(T), "{\"goal\":\"~s\"}", [X]),
+    string_length(T, 65536),
+    frame_bytes(T, Bytes),
+    frame_read(c, Bytes, 1048576, Got).
+
 test(invalid_utf8_is_decoded_as_before, [forall((readers(Rs), member(R, Rs)))]) :-
     ( R == c -> cod_frames:c_frames ; true ),
     Body = [0'{, 0'", 0'a, 0'", 0':, 0'", 0xff, 0xc3, 0'", 0'}],
