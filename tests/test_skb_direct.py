@@ -112,6 +112,22 @@ def test_a_capability_ends_with_its_connection_to_the_rm(daemon):
     assert r["error"]["code"] == -32010 and "not valid" in r["error"]["message"]
 
 
+def test_a_revocation_ends_a_connection_waiting_inside_a_frame(daemon):
+    """The engine's thread waits in the frame reader (C, cod_frames.c) for the rest of a frame: the
+    revocation still reaches it there, and the connection closes long before frame_timeout (10 s)."""
+    c = client(daemon, True, app="midframe")
+    offer = c.server_info["skb"]
+    s = raw_direct(offer["socket"])
+    assert "result" in rpc(s, "hello", {"version": 1, "token": offer["token"]})
+    s.sendall(struct.pack(">I", 100) + b'{"jsonrpc"')  # 10 of the 100 bytes announced
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    c.close()
+    s.settimeout(9)
+    assert s.recv(4096) == b""  # closed by the SKB, with nothing sent
+    assert time.monotonic() - t0 < 5
+
+
 def test_a_forged_capability_is_refused(daemon):
     with client(daemon, True) as c:
         s = raw_direct(c.server_info["skb"]["socket"])

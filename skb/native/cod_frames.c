@@ -159,7 +159,9 @@ static foreign_t cod_read_frame(term_t in_t, term_t b0_t, term_t max_t, term_t f
             result = read_exactly(in, body, size) ? 3 : 1;
         }
     }
-    if (!PL_release_stream(in)) { /* a timeout or an I/O error of In */
+    /* A timeout or an I/O error of In, or a signal's exception raised while the read waited
+     * (a revocation: thread_signal/2 in cod_direct.pl): it passes on. */
+    if (!PL_release_stream(in) || PL_exception(0)) {
         free(body);
         return FALSE;
     }
