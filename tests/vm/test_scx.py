@@ -123,6 +123,11 @@ def test_under_cpuset_the_same_newcomer_runs_on_reserved_cpus(topo, tmp_path, sp
 
 REALLOCATIONS = 10
 SETTLE_S = 0.5
+# The spinners' run outlasts the moves by this much: each move waits SETTLE_S after its apply
+# returns, and a starved guest stretches every sleep and apply (three TCG guests on two CPUs:
+# applies of 9-59 ms, a move that took 180 ms), so ten moves drifted past a run sized for them
+# alone and the last one found its threads gone ("never ran", clone 33 of session 9).
+END_SLACK_S = 5.0
 
 
 def arrivals(moves: list, t0: int, t_end: int, lost, new) -> tuple[dict, list]:
@@ -145,7 +150,8 @@ def test_a_reallocation_is_a_map_update(topo, loader, enforcer, percpu):
     # kick done) to the last thread's first run on its new CPUs, as the threads see it.
     first, second = reserved_and_free(topo)
     halves = [first, second]
-    seconds = 1.0 + REALLOCATIONS * SETTLE_S + 1.0
+    seconds = 1.0 + REALLOCATIONS * SETTLE_S + END_SLACK_S
+    spawned = time.monotonic_ns()  # every thread starts later, so none stops before spawned + seconds
     proc = subprocess.Popen([percpu, str(len(first)), str(seconds)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     marks = []
@@ -163,6 +169,10 @@ def test_a_reallocation_is_a_map_update(topo, loader, enforcer, percpu):
     finally:
         proc.kill()
         proc.wait()
+    last_window_end = marks[-1][1] + SETTLE_S * 1e9
+    assert last_window_end <= spawned + seconds * 1e9, \
+        f"the moves outlasted the spinners' run by {(last_window_end - spawned) / 1e9 - seconds:.2f} s: " \
+        f"a guest this starved cannot time them (apply and sleep took {(last_window_end - spawned) / 1e9:.1f} s)"
     threads = {th for _ns, _cpu, th in result["moves"]}
     after_us, apply_us, failures = [], [], []
     for i, (t0, t1) in enumerate(marks):
