@@ -10,6 +10,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/timerfd.h>
 #include <sys/un.h>
 #include <time.h>
@@ -116,12 +117,47 @@ static void chan_close(cod_chan *ch)
     if (ch->fd >= 0)
         close(ch->fd);
     ch->fd = -1;
+    ch->wait_ms = COD_CHAN_NONBLOCKING;
     cod_reader_reset(&ch->rd);
 }
 
-static int send_all(int fd, const char *p, size_t n, double deadline, int *sent)
+/* The direct channel blocks in recv() and send() under the socket's own timeouts: one system
+ * call per read where poll() + recv() took two (no event loop watches that socket). */
+static int chan_set_blocking(cod_chan *ch)
 {
+    int fl = fcntl(ch->fd, F_GETFL);
+    if (fl < 0 || fcntl(ch->fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+        return -1;
+    ch->wait_ms = 0;
+    return 0;
+}
+
+/* Bounds a blocking channel's next wait by ms (cod_ms_left: -1 no bound, > 0 ms left).  The
+ * timeouts set before are kept while they differ from ms by at most 1/64 of it: so a call's
+ * first wait, bounded by the connection's timeout as the last call's was, costs no system
+ * call, and a wait overruns its deadline by at most ~1.6 %. */
+static void chan_bound_wait(cod_chan *ch, int ms)
+{
+    int want = ms < 0 ? 0 : ms;
+    int cur = ch->wait_ms;
+    if (cur == want || (cur > 0 && want > 0 && abs(cur - want) <= want / 64))
+        return;
+    struct timeval tv = {want / 1000, (want % 1000) * 1000};
+    if (setsockopt(ch->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) == 0 &&
+        setsockopt(ch->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) == 0)
+        ch->wait_ms = want;
+}
+
+static int send_all(cod_chan *ch, const char *p, size_t n, double deadline, int *sent)
+{
+    int fd = ch->fd;
     while (n) {
+        if (ch->wait_ms != COD_CHAN_NONBLOCKING) {
+            int ms = cod_ms_left(deadline);
+            if (ms == 0)
+                return COD_ETIMEOUT;
+            chan_bound_wait(ch, ms);
+        }
         ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
         if (k > 0) {
             *sent = 1;
@@ -146,24 +182,32 @@ static int send_all(int fd, const char *p, size_t n, double deadline, int *sent)
     return 0;
 }
 
-/* Reads what the socket has (after waiting for it until deadline, if wait). */
+/* Reads what the socket has (after waiting for it until deadline, if wait).  A blocking
+ * channel waits in recv() itself; its timeout's EAGAIN comes back here to check the deadline. */
 static int fill(cod_chan *ch, double deadline, int wait)
 {
+    int blocking = ch->wait_ms != COD_CHAN_NONBLOCKING;
     for (;;) {
         if (wait) {
-            struct pollfd pfd = {ch->fd, POLLIN, 0};
             int ms = cod_ms_left(deadline);
-            int r = ms == 0 ? 0 : poll(&pfd, 1, ms);
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r == 0)
+            if (ms == 0)
                 return COD_ETIMEOUT;
+            if (blocking) {
+                chan_bound_wait(ch, ms);
+            } else {
+                struct pollfd pfd = {ch->fd, POLLIN, 0};
+                int r = poll(&pfd, 1, ms);
+                if (r < 0 && errno == EINTR)
+                    continue;
+                if (r == 0)
+                    return COD_ETIMEOUT;
+            }
         }
         size_t got;
         char *p = cod_reader_space(&ch->rd, READ_CHUNK, &got);
         if (!p)
             return COD_ENOMEM;
-        ssize_t n = recv(ch->fd, p, got, 0);
+        ssize_t n = recv(ch->fd, p, got, wait ? 0 : MSG_DONTWAIT);
         if (n > 0) {
             cod_reader_wrote(&ch->rd, (size_t)n);
             return 0;
@@ -298,7 +342,7 @@ static int exchange(cod_conn *c, cod_chan *ch, const char *method, const char *p
     if (rc)
         return rc;
     double deadline = c->timeout_ms > 0 ? cod_now() + c->timeout_ms / 1000.0 : 0;
-    rc = send_all(ch->fd, c->out.p, c->out.len, deadline, sent);
+    rc = send_all(ch, c->out.p, c->out.len, deadline, sent);
     if (c->out.cap > (4u << 20))
         cod_buf_free(&c->out); /* do not keep a huge buffer after a huge request */
     if (rc == COD_ETIMEOUT) {
@@ -457,6 +501,10 @@ static void open_direct(cod_conn *c)
     if (fd < 0)
         return;
     c->skb.fd = fd;
+    if (chan_set_blocking(&c->skb)) {
+        chan_close(&c->skb);
+        return;
+    }
     json_t *params = json_pack("{s:i, s:s}", "version", COD_PROTOCOL_VERSION, "token", token);
     cod_buf p = {0};
     json_t *reply = NULL;
@@ -606,6 +654,7 @@ static cod_conn *conn_new(const char *path, const char *app)
     pthread_mutex_init(&c->io, NULL);
     pthread_mutex_init(&c->mu, NULL);
     c->rm.fd = c->skb.fd = -1;
+    c->rm.wait_ms = c->skb.wait_ms = COD_CHAN_NONBLOCKING;
     c->epfd = c->evfd = c->tfd = -1;
     c->next_id = 1;
     c->next_sub = 1;

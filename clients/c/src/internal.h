@@ -54,8 +54,11 @@ COD_HIDDEN int cod_allocation_from_json(const json_t *v, cod_allocation *out);
 /* ---- the connection (conn.c, calls.c, state.c) ---- */
 typedef struct cod_chan {
     int fd;           /* -1 when closed */
+    int wait_ms;      /* a blocking channel's socket timeouts (0: none); COD_CHAN_NONBLOCKING if it polls */
     cod_reader rd;
 } cod_chan;
+
+#define COD_CHAN_NONBLOCKING (-1)
 
 enum cod_sub_kind { COD_SUB_EVENT = 1, COD_SUB_TASK = 2 };
 

@@ -596,6 +596,13 @@ static void peer_serve(peer *p, int fd, int skb_side)
                         cod_msg_release(&m);
                         goto out;
                     }
+                    const char *goal = json_string_value(json_object_get(params, "goal"));
+                    if (goal && strcmp(goal, "silent") == 0) { /* never answered */
+                        cod_msg_release(&m);
+                        continue;
+                    }
+                    if (goal && strcmp(goal, "slow") == 0)
+                        sleep_ms(400);
                 } else {
                     p->rm_queries++;
                 }
@@ -752,6 +759,21 @@ static void test_direct_channel(const char *dir)
           "unknown server code: %d %lld %s", cod_errcode(c), cod_server_code(c), cod_errstr(c));
     long long q = 0;
     CHECK(cod_value_int(cod_value_get(cod_server_data(c), "quota"), &q) == 0 && q == 5, "its data");
+    /* The direct channel waits in recv() under the connection's timeout: a query never
+     * answered times out at it, not before and not much later, and the channel stays; a
+     * longer timeout set afterwards is the one a later wait gets. */
+    cod_set_timeout(c, 300);
+    double t0 = now_s();
+    r = cod_query(c, "silent");
+    double took = now_s() - t0;
+    CHECK(!r && cod_errcode(c) == COD_ETIMEOUT && took >= 0.29 && took < 1.5 && cod_is_direct(c),
+          "unanswered direct query: %.3f s, %s", took, cod_errstr(c));
+    CHECK(strcmp(via(c), "skb") == 0, "the channel still answers after a timeout");
+    cod_set_timeout(c, 10000);
+    r = cod_query(c, "slow");
+    CHECK(r && cod_is_direct(c), "an answer after 0.4 s within a 10 s timeout: %s", r ? "" : cod_errstr(c));
+    cod_reply_free(r);
+    cod_set_timeout(c, 60000);
     /* A frame announced over the limit: a clean protocol error, the connection is dropped. */
     r = cod_call(c, "huge", NULL);
     CHECK(!r && cod_errcode(c) == COD_EPROTO && !cod_is_connected(c), "oversized frame: %s", cod_errstr(c));
