@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cod.client import Client, KnowledgeBaseError, PermissionDenied
+from cod.client import Client, CodError, KnowledgeBaseError, PermissionDenied
 from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
 from test_rm_support import start_daemon
 
@@ -169,6 +169,24 @@ def test_frames_the_c_reader_takes_or_leaves_are_answered_alike(daemon, text, ex
         else:
             assert r["result"]["solutions"] == [expected], r
         assert rpc(s, "ping", {}, 3)["result"] == "pong"  # the connection goes on
+
+
+def test_a_direct_query_waits_no_longer_than_the_call_timeout(daemon):
+    # The direct socket blocks under the kernel's timeouts (clients/python/direct.py): an answer
+    # that comes after call_timeout_s is not waited for, on the direct channel or on the road
+    # through the daemon taken after it; and a later, longer timeout is the one that holds.
+    with Client(str(daemon.path), app="patient", call_timeout_s=0.5) as c:
+        assert c.direct
+        t0 = time.monotonic()
+        with pytest.raises(CodError) as err:
+            c.execute_query("sleep(2), X = 1")
+        took = time.monotonic() - t0
+        assert 0.45 < took < 1.8, (took, err.value)
+        c.call_timeout_s = 10.0
+        time.sleep(0.5)  # the direct channel is tried again 0.5 s after it was dropped
+        assert c.direct
+        assert c.execute_query("sleep(0.8), X = 1") == [{"X": 1}]
+        assert c.direct
 
 
 def test_the_direct_channel_survives_an_skb_restart(tmp_path):

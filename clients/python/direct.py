@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+import struct
 import threading
 import time
 from typing import Any
@@ -59,7 +60,12 @@ class DirectQueries(ClientParts):
 
 
 class _DirectChannel:
-    """The direct query socket to the SKB server: one request at a time, read by its caller."""
+    """The direct query socket to the SKB server: one request at a time, read by its caller.
+
+    The socket blocks, under the kernel's own timeouts (SO_RCVTIMEO, SO_SNDTIMEO): a Python
+    socket with a timeout polls before every send and receive and sets its mode at every
+    `settimeout`, five system calls a query where a blocking socket makes two, as the floor's
+    echo does (bench/echo_floor.py)."""
 
     def __init__(self, path: str, token: str, timeout: float | None) -> None:
         self.lock = threading.Lock()
@@ -69,15 +75,27 @@ class _DirectChannel:
         self._sock.settimeout(timeout)
         try:
             self._sock.connect(path)
+            self._sock.settimeout(None)
+            self._timeout: float | None = -1.0  # none set yet
             info = self.call("hello", {"version": PROTOCOL_VERSION, "token": token}, timeout)
         except BaseException:
             self._sock.close()
             raise
         self.app = info.get("app")
 
+    def _bound_waits(self, timeout: float | None) -> None:
+        """Each send and receive waits at most timeout seconds (None: without bound)."""
+        if timeout == self._timeout:
+            return
+        usec = 0 if timeout is None else max(1, round(timeout * 1e6))  # 0 is 'no bound' to the kernel
+        packed = struct.pack("@ll", usec // 1_000_000, usec % 1_000_000)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, packed)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, packed)
+        self._timeout = timeout
+
     def call(self, method: str, params: dict[str, Any], timeout: float | None) -> Any:
         rid = next(self._ids)
-        self._sock.settimeout(timeout)
+        self._bound_waits(timeout)
         try:
             self._sock.sendall(encode({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}))
             while True:
@@ -90,7 +108,7 @@ class _DirectChannel:
                         if "error" in msg:
                             raise error_from_reply(msg["error"])
                         return msg.get("result")
-        except socket.timeout:
+        except BlockingIOError:  # a kernel timeout: EAGAIN from a blocking socket
             raise ConnectionLost(f"{method}: no answer on the direct channel within {timeout} s") from None
         except FrameError as err:
             raise ProtocolMismatch(f"bad frame on the direct channel: {err}") from None
