@@ -10,6 +10,8 @@ registration:
   as a whole (its reader and handler threads too);
 * the daemon process and the SKB engine process (/proc/PID/task/*/schedstat: CPU of every thread
   alive at the end, in ns; and utime+stime of /proc/PID/stat, which also counts threads gone);
+  the engine's CPU also by thread (the request reader `swipl`, the writer, the output thread,
+  the garbage collector, the watchdog, query workers);
 * with --queries N, also N single-fact queries through the daemon (the direct channel off) from one
   client: the median wall time per call, and the client's CPU per call (its calling thread, and
   the process with its reader thread) and the daemon's;
@@ -36,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rm_bench import COST_FN, LISTING1_FACTS, listening  # noqa: E402
 
 from cod.client import Client  # noqa: E402
+from cod.facts import procfs  # noqa: E402
 
 # The daemon under cProfile, timed by the CPU time of the thread that runs the event loop.
 PROFILED = """
@@ -74,6 +77,16 @@ def cpu_ns(pid: int) -> tuple[int, int]:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = int(fields[11]) + int(fields[12])
     return run, ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_ns(pid: int) -> dict[str, int]:
+    """Run time of each live thread of pid by thread name (threads of one name summed), ns."""
+    out: dict[str, int] = {}
+    for tid, name in procfs.thread_names(pid).items():
+        run = procfs.thread_schedstat(pid, tid)
+        if run is not None:
+            out[name] = out.get(name, 0) + run[0]
+    return out
 
 
 def engine_pid(daemon: int) -> int:
@@ -139,14 +152,16 @@ def main() -> int:
             sock = str(tmp / "rm.sock")
             registrations(sock, 20, 0)  # warm up: the engine's first application, imports
             skb = engine_pid(proc.pid)
-            d0, s0, c0 = cpu_ns(proc.pid), cpu_ns(skb), time.process_time()
+            d0, s0, t0, c0 = cpu_ns(proc.pid), cpu_ns(skb), thread_cpu_ns(skb), time.process_time()
             calling = registrations(sock, args.n, 20)
-            d1, s1, c1 = cpu_ns(proc.pid), cpu_ns(skb), time.process_time()
+            d1, s1, t1, c1 = cpu_ns(proc.pid), cpu_ns(skb), thread_cpu_ns(skb), time.process_time()
             per = 1e3 * args.n
             out["client_calling_thread_us"] = {k: round(v, 1) for k, v in calling.items()}
             out["client_process_us"] = round((c1 - c0) * 1e6 / args.n, 1)
             out["daemon_us"] = {"schedstat": round((d1[0] - d0[0]) / per, 1), "stat": round((d1[1] - d0[1]) / per, 1)}
             out["skb_us"] = {"schedstat": round((s1[0] - s0[0]) / per, 1), "stat": round((s1[1] - s0[1]) / per, 1)}
+            out["skb_threads_us"] = {name: round((ns - t0.get(name, 0)) / per, 1) for name, ns in sorted(t1.items())
+                                     if ns > t0.get(name, 0)}
             if args.queries:
                 out["query_through_daemon_us"] = queries_through_daemon(sock, args.queries, proc.pid)
         finally:
