@@ -17,6 +17,7 @@ from cod.rm.allocator.oracle import best, search_space
 from cod.rm.allocator.problem import as_tasks, moves, objective, violations
 from cod.rm.allocator.topology import build_view
 
+from helpers.waiting import PROVING_S
 from test_alloc_oracle import MAX_SPACE, instances
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,7 +58,7 @@ def one_change(inst, data):
     leaving = data.draw(st.booleans())
     before = tasks if leaving else tasks[:-1]
     after = [t for t in tasks if t is not tasks[0]] if leaving else tasks
-    allocator = Allocator(m)
+    allocator = Allocator(m, time_limit_s=PROVING_S)
     first = allocator.allocate(before, unavailable=unavailable)
     assume(first.status != "infeasible")
     published = first.as_mapping()
@@ -106,7 +107,7 @@ def test_a_newcomer_process_through_the_allocator(inst, data):
     hog = OtherDemand("other.1", cores=data.draw(st.integers(1, 2)),
                       cpus=tuple(data.draw(st.sets(st.sampled_from(cpus), max_size=1))))
     assume(search_space(view, tasks + as_tasks([hog])) <= MAX_SPACE)
-    allocator = Allocator(m)
+    allocator = Allocator(m, time_limit_s=PROVING_S)
     first = allocator.allocate(tasks, unavailable=unavailable)
     assume(first.status != "infeasible")
     published = first.as_mapping()
@@ -118,10 +119,10 @@ def test_explain_afterwards_gives_the_bindings_of_allocate():
     m = machines.load("magnycours")
     tasks = [TaskSpec("cscs", min_cores=8, max_cores=30, working_set_bytes=GIB, sensitive=frozenset({"numa", "cache"})),
              TaskSpec("hog", min_cores=1, max_cores=1, pollutes_cache=True)]
-    allocator = Allocator(m)
+    allocator = Allocator(m, time_limit_s=PROVING_S)
     quick = allocator.allocate(tasks, explain=False)
     assert all(t.binding == () for t in quick.tasks)
-    full = allocate(m, tasks)
+    full = allocate(m, tasks, time_limit_s=PROVING_S)
     assert allocator.explain(quick).tasks == full.tasks
 
 
@@ -129,7 +130,7 @@ def test_arrival_into_free_cpus_is_proven_without_search():
     """After a proven allocation, a newcomer that gets its cap from free CPUs
     in the fewest domains moves nobody and is optimal (restriction argument)."""
     m = machines.load("magnycours")
-    allocator = Allocator(m)
+    allocator = Allocator(m, time_limit_s=PROVING_S)
     tasks = [TaskSpec("db", min_cores=8, max_cores=12, sensitive=frozenset({"cache"}))]
     published = allocator.allocate(tasks).as_mapping()
     new = TaskSpec("web", min_cores=2, max_cores=6, sensitive=frozenset({"numa"}))
@@ -140,7 +141,7 @@ def test_arrival_into_free_cpus_is_proven_without_search():
 
 def test_a_stale_current_allocation_is_planned_from_scratch():
     m = machines.load("barcelona")
-    allocator = Allocator(m)
+    allocator = Allocator(m, time_limit_s=PROVING_S)
     tasks = [TaskSpec("a", min_cores=2, max_cores=4), TaskSpec("b", min_cores=1, max_cores=2)]
     allocator.allocate(tasks)
     r = allocator.allocate(tasks[:1], {"a": [30, 31]})  # not what it published
@@ -173,6 +174,6 @@ def test_generated_family_at_small_sizes_against_the_oracle(inst):
     relaxation, the count model) must give the oracle's optimum."""
     m, view, tasks, current = inst
     for solver in ("cpsat", "naive"):
-        r = allocate(m, tasks, current, solver=solver)
+        r = allocate(m, tasks, current, solver=solver, time_limit_s=PROVING_S)
         check(view, tasks, current, r)
         assert r.status in ("optimal", "infeasible"), (solver, r.status, r.via)

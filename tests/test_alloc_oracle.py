@@ -19,6 +19,7 @@ from cod.rm.allocator.lns import improve
 from cod.rm.allocator.packing import pack
 from cod.rm.allocator.topology import build_view
 from cod.rm.allocator.waterfill import Fill, waterfill_bound
+from helpers.waiting import PROVING_S
 
 MAX_SPACE = 60_000  # keeps one exhaustive search well under a second
 
@@ -84,7 +85,7 @@ def check_against_oracle(m, tasks, unavailable, view, current=None, others=()):
     best_obj, _ = best(view, tasks, current)
     for solver in ("cpsat", "naive"):
         r = allocate(m, registered, _registered(current, others), others=others, unavailable=unavailable,
-                     solver=solver)
+                     solver=solver, time_limit_s=PROVING_S)
         if best_obj is None:
             assert r.status == "infeasible" and r.reason
             continue
@@ -93,7 +94,7 @@ def check_against_oracle(m, tasks, unavailable, view, current=None, others=()):
         assert violations(view, tasks, alloc) == []
         assert objective(view, tasks, alloc, current) == best_obj, solver
     # The count model itself, without the greedy fast path in front of it.
-    sol = solve_counts(view, tasks, current or {}, 5.0)
+    sol = solve_counts(view, tasks, current or {}, PROVING_S)
     if best_obj is None:
         assert sol.status == "infeasible"
     else:
@@ -112,7 +113,7 @@ def check_against_oracle(m, tasks, unavailable, view, current=None, others=()):
             alloc = map_counts(view, tasks, current or {}, packed.counts, packed.cores)
             assert violations(view, tasks, alloc) == []
             assert objective(view, tasks, alloc, current) <= best_obj
-    rb = relaxed_bound(view, tasks, current or {}, 5.0)
+    rb = relaxed_bound(view, tasks, current or {}, PROVING_S)
     if best_obj is not None:
         assert isinstance(rb, RelaxedBound), rb
         assert rb.objective >= best_obj, (rb, best_obj)
@@ -161,7 +162,7 @@ def test_optimal_with_current(inst, data):
     became unavailable, or with one task fewer."""
     m, tasks, unavailable, view = inst
     earlier_tasks = tasks[:-1] if len(tasks) > 1 and data.draw(st.booleans()) else tasks
-    earlier = allocate(m, earlier_tasks, solver="cpsat")
+    earlier = allocate(m, earlier_tasks, solver="cpsat", time_limit_s=PROVING_S)
     assume(earlier.status != "infeasible")
     check_against_oracle(m, tasks, unavailable, view, earlier.as_mapping())
 
@@ -210,7 +211,8 @@ def test_optimal_with_others(inst, data):
     every solver against the oracle, with a current allocation of the tasks
     from a run without the others (where they arrive) or with them."""
     m, tasks, others, unavailable, view = inst
-    earlier = allocate(m, tasks, others=others if data.draw(st.booleans()) else (), solver="cpsat")
+    earlier = allocate(m, tasks, others=others if data.draw(st.booleans()) else (), solver="cpsat",
+                       time_limit_s=PROVING_S)
     assume(earlier.status != "infeasible")
     check_against_oracle(m, tasks, unavailable, view, earlier.as_mapping(), others)
 
@@ -253,11 +255,11 @@ def medium_instances(draw):
 @given(medium_instances())
 def test_relaxed_bound_is_valid_on_medium_machines(inst):
     view, tasks = inst
-    sol = solve_counts(view, tasks, {}, 5.0, workers=2)
+    sol = solve_counts(view, tasks, {}, PROVING_S, workers=2)
     assume(sol.status == "optimal")
     alloc = map_counts(view, tasks, {}, sol.counts, sol.cores)
     assert violations(view, tasks, alloc) == []
-    rb = relaxed_bound(view, tasks, {}, 5.0)
+    rb = relaxed_bound(view, tasks, {}, PROVING_S)
     assert isinstance(rb, RelaxedBound), rb
     assert rb.objective >= objective(view, tasks, alloc, {}), (rb, tasks)
     wf = waterfill_bound(view, tasks, {})

@@ -9,6 +9,7 @@ import pytest
 from cod.cli.main import main
 from cod.facts import machines
 from cod.rm.allocator import TaskSpec, TaskSpecError, allocate
+from helpers.waiting import PROVING_S
 
 GIB = 1 << 30
 
@@ -52,7 +53,7 @@ def test_duplicate_task_names_are_refused():
 def test_result_shape(solver):
     m = machines.load("magnycours")
     r = allocate(m, [TaskSpec("a", min_cores=2, max_cores=4), TaskSpec("b", min_cores=3, max_cores=3)],
-                 solver=solver)
+                 solver=solver, time_limit_s=PROVING_S)
     d = r.to_dict()
     assert set(d) == {"status", "solver", "solve_ms", "tasks", "reason"}
     assert d["status"] in ("optimal", "feasible")
@@ -64,7 +65,8 @@ def test_result_shape(solver):
 def test_memory_binds_and_is_explained():
     """The paper's example: 4 GB per core on 16 GB nodes: at most 4 cores per node."""
     m = machines.load("magnycours")
-    r = allocate(m, [TaskSpec("big", min_cores=8, working_set_bytes=4 * GIB, sensitive=frozenset({"numa"}))])
+    r = allocate(m, [TaskSpec("big", min_cores=8, working_set_bytes=4 * GIB, sensitive=frozenset({"numa"}))],
+                 time_limit_s=PROVING_S)
     assert r.status == "optimal"
     per_node = {}
     node_of = m.node_of_cpu()
@@ -77,7 +79,8 @@ def test_memory_binds_and_is_explained():
 def test_infeasible_names_the_task():
     m = machines.load("barcelona")
     n = len(m.cpu_ids())
-    r = allocate(m, [TaskSpec("big", min_cores=n), TaskSpec("late", min_cores=1, priority=-1)])
+    r = allocate(m, [TaskSpec("big", min_cores=n), TaskSpec("late", min_cores=1, priority=-1)],
+                 time_limit_s=PROVING_S)
     assert r.status == "infeasible" and r.tasks == ()
     assert "'late'" in r.reason
 
@@ -157,7 +160,7 @@ def test_plan_bad_task_file(task_file, capsys, text, words):
 def test_refusal_reasons_give_the_figures(tasks, words):
     """Issue #19: a refusal for per-node memory says so with the figures, and
     never counts CPUs that other tasks' placement happened to take."""
-    r = allocate(machines.load("magnycours"), tasks)
+    r = allocate(machines.load("magnycours"), tasks, time_limit_s=PROVING_S)
     assert r.status == "infeasible"
     for w in words:
         assert w in r.reason, r.reason

@@ -19,6 +19,7 @@ from cod.rm.allocator.problem import objective, violations
 from cod.rm.allocator.solve import lexicographic_gap
 from cod.rm.allocator.topology import build_view
 from helpers.data import HWLOC_DIR
+from helpers.waiting import PROVING_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,12 +59,16 @@ def test_scale_answers_are_valid_and_bounded(name, n_tasks, seed, limit):
     alloc = r.as_mapping()
     assert violations(view, tasks, alloc) == []
     got = objective(view, tasks, alloc)
-    rb = relaxed_bound(view, tasks, {}, 5.0)
+    rb = relaxed_bound(view, tasks, {}, PROVING_S)
     assert isinstance(rb, RelaxedBound)
     assert got <= rb.objective
     gap = lexicographic_gap(got, rb.objective, 0)
-    if r.gap is not None:  # a gap is only claimed with O2 proven, and it is the true one
-        assert gap is not None and abs(r.gap - gap) < 1e-9
+    if r.gap is not None:
+        # A gap is only claimed with O2 proven, and never smaller than the true one. It is
+        # measured against the allocator's own bound: the relaxation's optimum when the time
+        # limit let it finish, else the solver's weaker bound (bounds.py), so at load 9 on 2
+        # CPUs it claimed 0.41 for an answer the finished relaxation proves optimal.
+        assert gap is not None and r.gap >= gap - 1e-9, (r.gap, gap, r.via)
 
 
 @pytest.mark.parametrize("name", sorted(MACHINES))
@@ -73,8 +78,8 @@ def test_benchmark_mix_of_32_tasks_is_proven_optimal(name):
     m = machine(name)
     view = build_view(m)
     tasks = BENCH.mixed(32, len(view.cpus), seed=32)
-    r = allocate(m, tasks, time_limit_s=5.0)
-    rb = relaxed_bound(view, tasks, {}, 5.0)
+    r = allocate(m, tasks, time_limit_s=PROVING_S)
+    rb = relaxed_bound(view, tasks, {}, PROVING_S)
     assert r.status == "optimal"
     assert objective(view, tasks, r.as_mapping()) == rb.objective
 
@@ -86,7 +91,7 @@ def test_benchmark_mix_of_128_tasks_is_proven_optimal(name):
     m = machine(name)
     view = build_view(m)
     tasks = BENCH.mixed(128, len(view.cpus), seed=128)
-    r = allocate(m, tasks, time_limit_s=5.0)
-    rb = relaxed_bound(view, tasks, {}, 5.0)
+    r = allocate(m, tasks, time_limit_s=PROVING_S)
+    rb = relaxed_bound(view, tasks, {}, PROVING_S)
     assert r.status == "optimal"
     assert objective(view, tasks, r.as_mapping()) == rb.objective
