@@ -60,7 +60,10 @@ class RMConfig:
     # ---- the SKB server ----
     direct_channel: bool = True          # offer clients a direct query socket to the SKB
     skb_memory_limit_bytes: int = 4 << 30  # the engine process as a whole (RLIMIT_AS); it restarts when hit
-    skb_thread_stack_bytes: int = 256 << 20  # stack limit of each engine thread (one query)
+    skb_thread_stack_bytes: int = 256 << 20  # stack limit of the engine's writer (the daemon's changes)
+    skb_query_stack_bytes: int = 4 << 20  # a query's stacks ...
+    skb_large_stack_bytes: int = 128 << 20  # ... or, holding one of skb_large_stacks grants, this
+    skb_large_stacks: int = 4            # (docs/design-rm.md, "Memory across the running queries")
     skb_app_slots: int = 4               # queries of one application running at once
     skb_max_threads: int = 256
     skb_worker_idle_s: float = 10.0

@@ -178,6 +178,8 @@ class Daemon:
             user=cfg.skb_user, private_dir=private,
             socket_permissions=lambda path: apply_socket_permissions(path, cfg),
             query_timeout_s=cfg.query_timeout_s, thread_stack_bytes=cfg.skb_thread_stack_bytes,
+            query_stack_bytes=cfg.skb_query_stack_bytes, large_stack_bytes=cfg.skb_large_stack_bytes,
+            large_stacks=cfg.skb_large_stacks,
             memory_limit_bytes=cfg.skb_memory_limit_bytes, app_slots=cfg.skb_app_slots,
             max_threads=cfg.skb_max_threads, worker_idle_s=cfg.skb_worker_idle_s,
             uid_threads=cfg.skb_uid_threads, reserved_privileged_threads=cfg.skb_reserved_privileged_threads,

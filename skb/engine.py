@@ -53,7 +53,7 @@ class SKB:
                  stack_limit_bytes: int = 256 << 20, load_library: bool = True,
                  library_dir: Path | None = None, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig(query_timeout_s=query_timeout_s, inference_limit=inference_limit,
-                                             thread_stack_bytes=stack_limit_bytes, load_library=load_library,
+                                             large_stack_bytes=stack_limit_bytes, load_library=load_library,
                                              library_dir=library_dir)
         self._session = Session()
         self._engine = EngineProcess(self.config, self._session)

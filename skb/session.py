@@ -63,7 +63,12 @@ class EngineConfig:
 
     query_timeout_s: float = 5.0
     inference_limit: int | None = 10_000_000
-    thread_stack_bytes: int = 256 << 20  # stack limit of each engine thread
+    thread_stack_bytes: int = 256 << 20  # stack limit of the engine's writer thread (the daemon's changes)
+    # Clients' work runs under query_stack_bytes, and under large_stack_bytes while it holds one of
+    # large_stacks grants (skb/prolog/cod_grants.pl; docs/design-rm.md "Memory across the running queries").
+    query_stack_bytes: int = 4 << 20
+    large_stack_bytes: int = 128 << 20
+    large_stacks: int = 4
     memory_limit_bytes: int | None = 4 << 30  # RLIMIT_AS of the whole engine process
     app_slots: int = 4  # queries of one application running at once
     max_threads: int = 256
@@ -100,6 +105,8 @@ class EngineConfig:
             "reserved-privileged-connections": self.direct_reserved_privileged_connections,
             "max-pending": self.direct_max_pending, "write-timeout": self.direct_write_timeout_s,
             "thread-stack": self.thread_stack_bytes,
+            "query-stack": self.query_stack_bytes, "large-stack": self.large_stack_bytes,
+            "large-stacks": self.large_stacks,
             "max-reply-bytes": self.max_reply_bytes,
             "max-frame-bytes": self.max_frame_bytes,
             "max-time-limit": self.query_timeout_s,

@@ -17,6 +17,7 @@
 :- use_module(cod_json).
 :- use_module(cod_frames).
 :- use_module(cod_errors).
+:- use_module(cod_grants).
 
 /** <module> Queries in one hop
 
@@ -72,7 +73,6 @@ default_option(frame_timeout, 10).
 default_option(max_time_limit, 5).
 default_option(inference_limit, 10000000).
 default_option(rpc_codes, '').
-default_option(stack_limit, 268435456).
 
 %!  direct_listen(+Path, :Options) is det.
 %
@@ -143,9 +143,9 @@ accept_loop(AcceptFd) :-
     ->  tcp_close_socket(Socket)
     ;   make_room_for_hello,
         flag(cod_direct_connections, N1, N1+1),
-        direct_option(stack_limit, Stack),
+        client_thread_options(ThreadOptions),
         catch(thread_create(serve_connection(Socket, Accepted), _,
-                            [detached(true), stack_limit(Stack)]),
+                            [detached(true)|ThreadOptions]),
               _,
               ( flag(cod_direct_connections, N2, N2-1),
                 tcp_close_socket(Socket) ))
@@ -288,20 +288,43 @@ handle(fatal(Code, Msg), Out, _, _) :-
 handle(error(Id, Code, Msg), Out, App, App) :-
     send_error(Out, Id, Code, Msg, []).
 handle(request(Id, Method, Params), Out, App0, App) :-
+    %   Answered under the thread's small stacks, or made again under a large
+    %   grant (cod_grants.pl), which keeps no binding: only a query needs one,
+    %   and a query leaves App as it was.
+    with_stack_grant(request_reply(Id, Method, Params, App0, App, Reply),
+                     send_reply(Out, Reply),
+                     send_engine_error(Out, Id)),
+    (   var(App) -> App = App0 ; true ).
+
+%   request_reply(+Id, +Method, +Params, +App0, -App, -Reply, -Outgrew): the
+%   reply to a request, its text made (the stacks it takes are the request's);
+%   Outgrew is true when that ran out of stack.
+request_reply(Id, Method, Params, App0, App, Reply, Outgrew) :-
     catch(method(Method, Params, App0, App, Result), E, true),
     (   var(E)
-    ->  send_result(Out, Id, Result)
-    ;   E = rpc(Code, Msg, Data)
-    ->  App = App0,
-        send_error(Out, Id, Code, Msg, Data)
-    ;   ( E == cod_revoked ; E == cod_evicted )
-    ->  throw(E)
-    ;   E = rpc_close(Code, Msg)
-    ->  send_error(Out, Id, Code, Msg, []),
-        throw(cod_close)
+    ->  result_text(Id, Result, Text, Outgrew),
+        Reply = frame(Text)
     ;   App = App0,
-        send_engine_error(Out, Id, E)
+        error_reply(Id, E, Reply),
+        (   outgrew_stacks(E) -> Outgrew = true ; Outgrew = false )
     ).
+
+error_reply(_, E, rethrow(E)) :-
+    ( E == cod_revoked ; E == cod_evicted ), !.
+error_reply(Id, rpc(Code, Msg, Data), frame(Text)) :- !,
+    error_text(Id, Code, Msg, Data, Text).
+error_reply(Id, rpc_close(Code, Msg), last_frame(Text)) :- !,
+    error_text(Id, Code, Msg, [], Text).
+error_reply(Id, E, frame(Text)) :-
+    engine_error_text(Id, E, Text).
+
+send_reply(Out, frame(Text)) :-
+    send_text(Out, Text).
+send_reply(Out, last_frame(Text)) :-
+    send_text(Out, Text),
+    throw(cod_close).
+send_reply(_, rethrow(E)) :-
+    throw(E).
 
 %   method(+Name, +Params, +App0, -App, -Result)
 method("hello", Params, _, App, json([protocol-1, app-App])) :- !,
@@ -428,7 +451,10 @@ param_time(Params, Max, Time) :-
 		 *           REPLIES            *
 		 *******************************/
 
-send_result(Out, Id, Result) :-
+%   result_text(+Id, +Result, -Text, -Outgrew): the frame's text of a result,
+%   or of the error it became (an answer too large, or too large to write
+%   with the stacks at hand: Outgrew).
+result_text(Id, Result, Text, Outgrew) :-
     (   Result = answer(answer(Solutions, _, _))
     ->  direct_option(max_frame_bytes, Max),
         catch(answer_size_within(Solutions, Max), TooBig, true)
@@ -436,20 +462,25 @@ send_result(Out, Id, Result) :-
     ),
     (   nonvar(TooBig)
     ->  not_revoked(TooBig),
-        send_engine_error(Out, Id, TooBig)
-    ;   send_written(Out, Id, Result)
-    ).
-
-send_written(Out, Id, Result) :-
-    (   catch(frame_body(Out, ( write('{"jsonrpc":"2.0","id":'),
+        failure_text(Id, TooBig, Text, Outgrew)
+    ;   catch(with_output_to(string(Text0),
+                             ( write('{"jsonrpc":"2.0","id":'),
                                write_id(Id),
                                write(',"result":'),
                                write_direct_result(Result),
                                write('}') )),
               E, true)
-    ->  (   var(E) -> true ; not_revoked(E), send_engine_error(Out, Id, E) )
-    ;   true
+    ->  (   var(E)
+        ->  Text = Text0, Outgrew = false
+        ;   not_revoked(E),
+            failure_text(Id, E, Text, Outgrew)
+        )
+    ;   failure_text(Id, error(failed(reply), _), Text, Outgrew)
     ).
+
+failure_text(Id, E, Text, Outgrew) :-
+    (   outgrew_stacks(E) -> Outgrew = true ; Outgrew = false ),
+    engine_error_text(Id, E, Text).
 
 write_direct_result(atom(A)) :- json_write_text(current_output, A).
 write_direct_result(json(Pairs)) :- json_write_object(current_output, Pairs).
@@ -469,23 +500,32 @@ write_id(Id) :- integer(Id), !, write(Id).
 write_id(Id) :- json_write_text(current_output, Id).
 
 send_error(Out, Id, Code, Msg, Data) :-
-    frame_body(Out, ( write('{"jsonrpc":"2.0","id":'),
-                      write_id(Id),
-                      format(',"error":{"code":~w,"message":', [Code]),
-                      json_write_text(current_output, Msg),
-                      (   Data == []
-                      ->  true
-                      ;   write(',"data":'), json_write_object(current_output, Data)
-                      ),
-                      write('}}') )).
+    error_text(Id, Code, Msg, Data, Text),
+    send_text(Out, Text).
 
 send_engine_error(Out, Id, E) :-
+    engine_error_text(Id, E, Text),
+    send_text(Out, Text).
+
+error_text(Id, Code, Msg, Data, Text) :-
+    with_output_to(string(Text),
+                   ( write('{"jsonrpc":"2.0","id":'),
+                     write_id(Id),
+                     format(',"error":{"code":~w,"message":', [Code]),
+                     json_write_text(current_output, Msg),
+                     (   Data == []
+                     ->  true
+                     ;   write(',"data":'), json_write_object(current_output, Data)
+                     ),
+                     write('}}') )).
+
+engine_error_text(Id, E, Text) :-
     error_code(E, SkbCode),
     error_message(E, Msg),
     error_data(E, Data0),
     rpc_code(SkbCode, Code),
     append(Data0, [skb_code-SkbCode], Data),
-    send_error(Out, Id, Code, Msg, Data).
+    error_text(Id, Code, Msg, Data, Text).
 
 %   rpc_code(+SkbCode, -RpcCode): the protocol's number for an SKB error
 %   code.  The table comes from the Resource Manager (--rpc-codes), which
@@ -500,12 +540,9 @@ rpc_code(SkbCode, Code) :-
     ;   Code = -32050
     ).
 
-%   frame_body(+Out, :Writer): write what Writer prints as one frame
-%   (cod_frames.pl).  A body over the frame limit becomes an error reply
-%   for this request (answer_size_within/2 has bounded the text before it
-%   is written).
-:- meta_predicate frame_body(+, 0).
-frame_body(Out, Writer) :-
-    with_output_to(string(Text), Writer),
+%   send_text(+Out, +Text): Text as one frame (cod_frames.pl).  A body
+%   over the frame limit becomes an error reply for this request
+%   (answer_size_within/2 has bounded the text before it is made).
+send_text(Out, Text) :-
     direct_option(max_frame_bytes, Max),
     write_frame(Out, Text, Max).

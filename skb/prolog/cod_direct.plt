@@ -22,7 +22,9 @@ test(revocation_while_a_reply_is_written_ends_the_session, [setup(default_option
     findall([x-N], member(N, Ns), Solutions),
     open_null_stream(Null),
     set_stream(Null, type(binary)),
-    revoked_during(cod_direct:send_result(Null, 1, answer(answer(Solutions, false, 0))), Status),
+    revoked_during(( cod_direct:result_text(1, answer(answer(Solutions, false, 0)), Text, _),
+                     cod_direct:send_text(Null, Text) ),
+                   Status),
     close(Null),
     assertion(Status == exception(cod_revoked)).
 

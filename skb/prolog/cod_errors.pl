@@ -216,6 +216,17 @@ message_text(error(resource_error(cod_query_worker), _), M) :- !,
     M = "the engine thread running this query died (it was counted out of the pool; ask again)".
 message_text(error(resource_error(cod_query_pool), _), M) :- !,
     M = "the engine's query pool is not serving (it is being restarted)".
+message_text(error(resource_error(cod_stack_grant(Small, Wait)), _), M) :- !,
+    num(Small, SS), num(Wait, WS),
+    format(string(M), 'query needs more than ~s bytes of stack, and none of the engine''s larger stacks came free within ~s s (other queries hold them: ask again later)', [SS, WS]).
+message_text(error(resource_error(c_stack), _), M) :- !,
+    M = "query ran out of C stack: a term nested too deeply to read, write or compare (a query's thread has 1 MB of it)".
+message_text(error(resource_error(Stack), Ctx), M) :-
+    memberchk(Stack, [stack, global_stack, local_stack, trail_stack]),
+    is_dict(Ctx), get_dict(stack_limit, Ctx, KB), integer(KB), !,
+    MB is KB // 1024,
+    num(MB, MS),
+    format(string(M), 'query ran out of stack: it may use ~s MB', [MS]).
 message_text(error(resource_error(R), _), M) :- !,
     bounded_plain(R, RS),
     format(string(M), 'query ran out of resources: ~s (memory limit of the engine)', [RS]).

@@ -13,6 +13,7 @@
 :- use_module(library(error)).
 :- use_module(library(lists)).
 :- use_module(library(option)).
+:- use_module(cod_grants, [client_thread_options/1]).
 
 /** <module> Who runs a query, and when
 
@@ -62,7 +63,6 @@ default_option(max_threads, 256).
 default_option(min_workers, 4).
 default_option(worker_idle_s, 10).
 default_option(pool_stall_s, 15).
-default_option(stack_limit, 268435456).
 
 %!  pool_init(+Options) is det.
 %
@@ -247,10 +247,10 @@ add_worker :-
     flag(cod_workers, T, T),
     pool_option(max_threads, Max),
     T < Max,
-    pool_option(stack_limit, Stack),
+    client_thread_options(ThreadOptions),
     catch(thread_create(worker_start, Id,
-                        [ stack_limit(Stack), detached(true),
-                          at_exit(cod_pool:worker_exit) ]),
+                        [ detached(true), at_exit(cod_pool:worker_exit)
+                        | ThreadOptions ]),
           _, fail),
     assertz(pool_worker(Id)),
     flag(cod_workers, T1, T1+1),
@@ -277,6 +277,7 @@ worker_loop :-
 
 run_job(job(Id, Op, App, Client)) :-
     nb_setval(cod_worker_state, busy(Id, App, Client)),
+    (   Client = client(_, _) -> nb_setval(cod_client, Client) ; nb_setval(cod_client, client(daemon, true)) ),
     get_time(Now),
     flag(cod_last_take, _, Now),
     pool_option(run, Run),

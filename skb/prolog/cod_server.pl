@@ -27,6 +27,7 @@
 :- use_module(cod_limits).
 :- use_module(cod_direct).
 :- use_module(cod_pool).
+:- use_module(cod_grants).
 
 /** <module> The SKB server
 
@@ -71,7 +72,13 @@ default_setting(reserved_privileged_threads, 32). % of max_threads, only for roo
 default_setting(pool_stall_s, 15).              % queued jobs and none taken for this long: ping fails
 default_setting(bulk_reply_chars, 65536).       % a reply longer than this is bulk ...
 default_setting(bulk_replies_queued, 8).        % ... and at most this many bulk replies wait to be sent
-default_setting(thread_stack, 268435456).       % bytes, per thread
+default_setting(thread_stack, 268435456).       % bytes: the writer's and the control channel reader's stacks
+default_setting(query_stack, 4194304).          % bytes: a worker's or direct connection's stacks (cod_grants.pl) ...
+default_setting(large_stack, 134217728).        % ... and under a large grant
+default_setting(large_stacks, 4).               % large grants
+default_setting(large_stacks_per_uid, 1).       % held by one unprivileged uid at once
+default_setting(reserved_privileged_stacks, 1). % of large_stacks, for root and the daemon
+default_setting(large_stack_wait_s, 5).         % a query waits this long for a large grant
 default_setting(max_reply_bytes, 67108864).
 default_setting(direct_socket, '').
 % The direct channel's (cod_direct.pl).
@@ -112,6 +119,7 @@ main :-
     autoload_all,
     set_prolog_flag(autoload, false),
     message_queue_create(_, [alias(cod_writer)]),
+    start_grants,
     start_pool,
     setting(thread_stack, Stack),
     thread_create(writer_loop, _, [alias(cod_writer_thread), stack_limit(Stack)]),
@@ -134,31 +142,35 @@ read_settings(Argv) :-
                assertz(setting(Name, Value))
            )).
 
+start_grants :-
+    findall(Opt, ( member(Name-GName, [query_stack-query_stack_limit, large_stack-large_stack_limit,
+                                       large_stacks-large_grants, large_stacks_per_uid-large_grants_per_uid,
+                                       reserved_privileged_stacks-reserved_privileged_grants,
+                                       large_stack_wait_s-grant_wait_s]),
+                   setting(Name, Value),
+                   Opt =.. [GName, Value] ), Opts),
+    grants_init(Opts).
+
 start_pool :-
     findall(Opt, ( member(Name, [app_slots, uid_threads, reserved_privileged_threads, max_threads,
-                                 min_workers, worker_idle_s, pool_stall_s, thread_stack]),
+                                 min_workers, worker_idle_s, pool_stall_s]),
                    setting(Name, Value),
-                   direct_name(Name, PName),
-                   Opt =.. [PName, Value] ), Opts),
-    pool_init([run(cod_server:run_op), died(cod_server:job_died)|Opts]).
+                   Opt =.. [Name, Value] ), Opts),
+    pool_init([run(cod_server:pooled_op), died(cod_server:job_died)|Opts]).
 
 start_direct :-
     setting(direct_socket, Path),
     (   Path == ''
     ->  true
-    ;   findall(Opt, ( member(Name, [thread_stack, max_connections, max_frame_bytes,
+    ;   findall(Opt, ( member(Name, [max_connections, max_frame_bytes,
                                          hello_timeout, frame_timeout, max_time_limit,
                                          inference_limit, rpc_codes, idle_timeout, write_timeout,
                                          max_connections_per_uid,
                                          reserved_privileged_connections, max_pending]),
                        setting(Name, Value),
-                       direct_name(Name, DName),
-                       Opt =.. [DName, Value] ), Opts),
+                       Opt =.. [Name, Value] ), Opts),
         direct_listen(Path, [run_query(cod_server:direct_query)|Opts])
     ).
-
-direct_name(thread_stack, stack_limit) :- !.
-direct_name(Name, Name).
 
 %!  detach_standard_streams is det.
 %
@@ -294,10 +306,21 @@ collect_app(App) :-
 		 *          OPERATIONS          *
 		 *******************************/
 
-%   run_op(+Id, +Op): run and reply.  Writes run in a transaction.
+%   run_op(+Id, +Op): run and reply (the control channel's inline operations).
 run_op(Id, Op) :-
     op_outcome(Op, Outcome),
     send_outcome(Id, Outcome).
+
+%   pooled_op(+Id, +Op): a worker's job, run and answered under the worker's
+%   small stacks, or run again under a large grant if it outgrew them
+%   (cod_grants.pl): reads and queries only, which may run twice.
+:- public pooled_op/2.
+pooled_op(Id, Op) :-
+    with_stack_grant(op_line(Id, Op, Line), send_line(Line), reply_error(Id)).
+
+op_line(Id, Op, Line, Outgrew) :-
+    op_outcome(Op, Outcome),
+    outcome_line(Id, Outcome, Line, Outgrew).
 
 %   job_died(+Id, +Status): the worker running request Id ended before
 %   answering it (cod_pool.pl); its caller gets an error now.
@@ -357,7 +380,9 @@ op_result(stats, json([app_slots-S, apps-A, app_modules-AM, atoms-At,
     aggregate_all(max(B), ( thread_property(T, status(running)),
                             catch(thread_statistics(T, stack, B), _, fail) ), St0),
     (   number(St0) -> St = St0 ; St = 0 ),
-    pool_stats(Pool),
+    pool_stats(Pool0),
+    grant_stats(Grants),
+    append(Pool0, Grants, Pool),
     setting(app_slots, S),
     aggregate_all(count, existing_app_module(_, _), A),
     aggregate_all(count, ( current_module(Mod), sub_atom(Mod, 0, _, _, app_) ), AM),
@@ -611,41 +636,58 @@ direct_query(App, Goal, Options, Answer) :-
 		 *******************************/
 
 reply_ok(Id, Result) :-
+    ok_line(Id, Result, Line, _),
+    send_line(Line).
+
+%   outcome_line(+Id, +Outcome, -Line, -Outgrew): the reply to request Id;
+%   Outgrew is true when making the result or its text ran out of stack
+%   (the caller may make it again with more: cod_grants.pl).
+outcome_line(Id, ok(Result), Line, Outgrew) :-
+    ok_line(Id, Result, Line, Outgrew).
+outcome_line(Id, error(E), Line, Outgrew) :-
+    failure_line(Id, E, Line, Outgrew).
+
+ok_line(Id, Result, Line, Outgrew) :-
     (   Result = answer(Solutions, _, _)
     ->  setting(max_reply_bytes, Max),
         catch(answer_size_within(Solutions, Max), TooBig, true)
     ;   true
     ),
     (   nonvar(TooBig)
-    ->  reply_error(Id, TooBig)
-    ;   reply_written(Id, Result)
+    ->  failure_line(Id, TooBig, Line, Outgrew)
+    ;   written_line(Id, Result, Line, Outgrew)
     ).
 
-reply_written(Id, Result) :-
-    (   catch(with_output_to(string(Line),
+written_line(Id, Result, Line, Outgrew) :-
+    (   catch(with_output_to(string(Text),
                              ( format('{"id":~w,"ok":', [Id]),
                                write_result(current_output, Result),
                                write('}') )),
               E, true)
     ->  (   var(E)
-        ->  (   Result = snapshot(_, _)     % trusted, read by the journal alone
-            ->  send_line(Line)
-            ;   send_checked(Id, Line)
+        ->  Outgrew = false,
+            (   Result = snapshot(_, _)     % trusted, read by the journal alone
+            ->  Line = Text
+            ;   checked_line(Id, Text, Line)
             )
-        ;   reply_error(Id, E)
+        ;   failure_line(Id, E, Line, Outgrew)
         )
-    ;   reply_error(Id, error(failed(reply), _))
+    ;   failure_line(Id, error(failed(reply), _), Line, Outgrew)
     ).
 
-%   send_checked(+Id, +Line): a reply over the size limit is an error for
-%   its own caller only (nothing of it is sent).
-send_checked(Id, Line) :-
-    string_length(Line, Len),
+%   checked_line(+Id, +Text, -Line): a reply over the size limit is an
+%   error for its own caller only (nothing of it is sent).
+checked_line(Id, Text, Line) :-
+    string_length(Text, Len),
     setting(max_reply_bytes, Max),
     (   Len > Max
-    ->  reply_error(Id, error(resource_error(cod_reply(Len, Max)), _))
-    ;   send_line(Line)
+    ->  error_line(Id, error(resource_error(cod_reply(Len, Max)), _), Line)
+    ;   Line = Text
     ).
+
+failure_line(Id, E, Line, Outgrew) :-
+    (   outgrew_stacks(E) -> Outgrew = true ; Outgrew = false ),
+    error_line(Id, E, Line).
 
 %   Replies leave through one thread (cod_output), in two classes: a bulk
 %   reply (more than bulk_reply_chars) waits until fewer than
@@ -768,6 +810,10 @@ write_proc_states([Text-P|T], Out) :-
     (   T == [] -> true ; put_char(Out, ','), write_proc_states(T, Out) ).
 
 reply_error(Id, E) :-
+    error_line(Id, E, Line),
+    send_line(Line).
+
+error_line(Id, E, Line) :-
     (   catch(with_output_to(string(Line),
                              ( format('{"id":~w,"error":', [Id]),
                                write_error_object(current_output, E),
@@ -777,5 +823,4 @@ reply_error(Id, E) :-
     ;   format(string(Line),
                '{"id":~w,"error":{"code":"engine","message":"the error could not be reported","data":{}}}',
                [Id])
-    ),
-    send_line(Line).
+    ).

@@ -1,0 +1,259 @@
+/*  COD SKB: how much stack the running queries may hold, together.
+*/
+
+:- module(cod_grants,
+          [ grants_init/1,           % +Options
+            with_stack_grant/3,      % :Make, :Use, :Refused
+            trim_thread_stacks/0,
+            outgrew_stacks/1,        % +Error
+            client_thread_options/1, % -Options
+            grant_stats/1            % -Pairs
+          ]).
+:- use_module(library(error)).
+:- use_module(library(option)).
+:- use_module(library(aggregate)).
+:- use_module(library(lists)).
+
+/** <module> Stack grants: a memory budget across the running queries
+
+SWI-Prolog 9.0 bounds the stacks of one thread (its stack_limit flag) and
+the process as a whole (RLIMIT_AS), but nothing across threads: 64 queries
+that each build a 0.8 MB answer as a list of codes (stacks of 20 to 130 MB
+each) took the engine past its 4 GiB address space, and it exited (issue
+23, the flood of never-reading clients).  So every thread that runs work
+for a client runs it first under a small stack limit (query_stack_limit,
+the limit the thread is created with), and the few that need more hold a
+large grant while they run again:
+
+  - with_stack_grant(Make, Use, Refused) calls Make, which makes a result
+    under the small limit and says whether it outgrew it (a stack
+    overflow: error(resource_error(stack), _) in 9.0);
+  - if it did, Make's bindings are undone, the thread's stacks trimmed,
+    and Make runs again under large_stack_limit once the thread holds one
+    of large_grants grants; Use (sending the result) runs under the same
+    grant, which is given back, and the stacks trimmed, after it;
+  - at most large_grants_per_uid grants are held by one unprivileged uid,
+    and unprivileged uids together leave reserved_privileged_grants to
+    root and the daemon; a thread that may not take one waits in one FIFO
+    for at most grant_wait_s seconds, and then call(Refused, Error)
+    answers its client instead (error(resource_error(cod_stack_grant(..)), _)).
+
+Make must be re-runnable (a read, or a query in snapshot/1: what it
+changed is dropped) and must not fail.  The bound this gives (with the
+threads' own C stacks and what trim_thread_stacks/0 leaves them) is
+worked out in docs/design-rm.md, "Memory across the running queries".
+*/
+
+:- meta_predicate
+    with_stack_grant(1, 0, 1).
+
+:- dynamic
+    grant_option/2,        % Name, Value
+    waiting/3.             % Seq, Client, Thread: waits for a large grant
+
+default_option(query_stack_limit, 4194304).
+default_option(large_stack_limit, 134217728).
+default_option(large_grants, 4).
+default_option(reserved_privileged_grants, 1).
+default_option(large_grants_per_uid, 1).
+default_option(grant_wait_s, 5).
+
+%!  grants_init(+Options) is det.
+%
+%   Options: the settings of default_option/2.
+grants_init(Options) :-
+    must_be(list, Options),
+    retractall(grant_option(_, _)),
+    forall(default_option(Name, Default),
+           (   Opt =.. [Name, Value],
+               option(Opt, Options, Default),
+               must_be(positive_integer, Value),
+               assertz(grant_option(Name, Value))
+           )),
+    forall(member(F, [cod_grants_held, cod_grants_unprivileged, cod_grants_refused, cod_grants_taken]),
+           set_flag(F, 0)).
+
+%   grant_value(+Name, -Value): a setting, its default before grants_init/1
+%   (tools and tests that load the pool without the server).
+grant_value(Name, Value) :-
+    (   grant_option(Name, Value0) -> Value = Value0 ; default_option(Name, Value) ).
+
+%!  with_stack_grant(:Make, :Use, :Refused) is det.
+%
+%   call(Make, Outgrew) then call(Use), as described in the module
+%   header.  Outgrew is true when Make ran out of stack.  When Make runs
+%   again under a large grant, none of the bindings of Make and Use are
+%   kept (they run in \+ \+, so that the stacks are empty again when the
+%   grant goes back): Use must do all that is to be done with the result.
+with_stack_grant(Make, Use, Refused) :-
+    (   once(call(Make, Outgrew)),
+        Outgrew == false
+    ->  call(Use),
+        trim_thread_stacks
+    ;   trim_thread_stacks,
+        client(Client),
+        (   take_grant(Client)
+        ->  grant_value(large_stack_limit, Large),
+            set_prolog_flag(stack_limit, Large),
+            catch(\+ \+ ( once(call(Make, _)), call(Use) ), E, true),
+            give_grant(Client),
+            (   var(E) -> true ; throw(E) )
+        ;   flag(cod_grants_refused, R, R+1),
+            grant_value(query_stack_limit, Small),
+            grant_value(grant_wait_s, Wait),
+            call(Refused, error(resource_error(cod_stack_grant(Small, Wait)), _))
+        )
+    ).
+
+%!  client_thread_options(-Options) is det.
+%
+%   The options of thread_create/3 for a thread that runs clients' work (a
+%   pool worker, a direct connection): the small stack limit, and a C stack
+%   of c_stack_bytes, not the 8 MB default (each thread's C stack counts
+%   in the engine's address space, used or not; SWI-Prolog's own
+%   algorithms on terms are not recursive in C: a term nested 2,000,000
+%   deep was written, copied, hashed, compared and asserted with 256 KB).
+client_thread_options([stack_limit(Small), c_stack(CStack)]) :-
+    grant_value(query_stack_limit, Small),
+    c_stack_bytes(CStack).
+
+c_stack_bytes(1048576).
+
+%!  outgrew_stacks(+Error) is semidet.
+%
+%   Error says that the thread ran out of its stacks (9.0 reports
+%   resource_error(stack) for the combined limit; the older names of
+%   the single stacks are taken too).
+outgrew_stacks(E) :-
+    nonvar(E),
+    E = error(resource_error(Stack), _),
+    memberchk(Stack, [stack, global_stack, local_stack, trail_stack]).
+
+%   client(-Client): whom the calling thread works for (the pool's job or the
+%   direct connection sets the global variable cod_client).
+client(Client) :-
+    (   nb_current(cod_client, Client0), Client0 = client(_, _)
+    ->  Client = Client0
+    ;   Client = client(daemon, true)
+    ).
+
+%!  trim_thread_stacks is det.
+%
+%   Give back the calling thread's stacks beyond what it uses, when they
+%   hold more than a quarter of the small limit: an idle thread then keeps
+%   little (a thousand idle direct connections are a thousand threads).
+trim_thread_stacks :-
+    statistics(global, Global),        % (statistics(stack, _) is all threads' together)
+    statistics(local, Local),
+    statistics(trail, Trail),
+    Allocated is Global + Local + Trail,
+    grant_value(query_stack_limit, Small),
+    (   Allocated > Small // 4
+    ->  trim_stacks
+    ;   true
+    ).
+
+		 /*******************************
+		 *        TAKING, GIVING        *
+		 *******************************/
+
+%   take_grant(+Client) is semidet: the calling thread holds a large grant,
+%   now or after waiting in the FIFO; fails after grant_wait_s seconds.
+take_grant(Client) :-
+    thread_self(Me),
+    with_mutex(cod_grants,
+               (   may_take(Client)
+               ->  count(Client, 1),
+                   Wait = false
+               ;   flag(cod_grants_seq, Seq, Seq+1),
+                   assertz(waiting(Seq, Client, Me)),
+                   Wait = true
+               )),
+    (   Wait == false
+    ->  true
+    ;   grant_value(grant_wait_s, Seconds),
+        catch(thread_get_message(Me, cod_grant, [timeout(Seconds)]), E,
+              ( stop_waiting(Client, Me, Granted),
+                ( Granted == true -> give_grant(Client) ; true ),
+                throw(E) ))
+    ->  true
+    ;   stop_waiting(Client, Me, true)    % given one as the wait ended
+    ).
+
+%   stop_waiting(+Client, +Me, -Granted): Me waits no longer; Granted is
+%   true if it was given a grant meanwhile (its message is taken too).
+stop_waiting(Client, Me, Granted) :-
+    with_mutex(cod_grants,
+               (   retract(waiting(_, Client, Me))
+               ->  Granted = false
+               ;   Granted = true
+               )),
+    (   Granted == true
+    ->  ignore(thread_get_message(Me, cod_grant, [timeout(0)]))
+    ;   true
+    ).
+
+may_take(Client) :-
+    grant_value(large_grants, Max),
+    get_flag(cod_grants_held, Held),
+    Held < Max,
+    (   Client = client(Uid, false)
+    ->  grant_value(reserved_privileged_grants, Reserved),
+        grant_value(large_grants_per_uid, PerUid),
+        get_flag(cod_grants_unprivileged, Unprivileged),
+        Unprivileged < max(1, Max - min(Reserved, Max // 2)),
+        uid_key(Uid, Key),
+        get_flag(Key, Mine),
+        Mine < PerUid
+    ;   true
+    ).
+
+%   count(+Client, +Delta): under the cod_grants mutex.
+count(Client, Delta) :-
+    get_flag(cod_grants_held, H0), H is H0 + Delta, set_flag(cod_grants_held, H),
+    (   Delta > 0 -> flag(cod_grants_taken, T, T+1) ; true ),
+    (   Client = client(Uid, false)
+    ->  get_flag(cod_grants_unprivileged, U0), U is U0 + Delta,
+        set_flag(cod_grants_unprivileged, U),
+        uid_key(Uid, Key),
+        get_flag(Key, M0), M is M0 + Delta, set_flag(Key, M)
+    ;   true
+    ).
+
+uid_key(Uid, Key) :-
+    atom_concat('cod_grants uid ', Uid, Key).
+
+%   give_grant(+Client): the calling thread's large grant goes back (its
+%   stacks trimmed and its limit small again first), and the oldest waiters
+%   that may take one now get theirs.
+give_grant(Client) :-
+    grant_value(query_stack_limit, Small),
+    trim_stacks,
+    %   The large run's stacks are unwound, so this holds; were it refused, the
+    %   thread would keep the large limit without a grant (counted as held).
+    (   catch(set_prolog_flag(stack_limit, Small), _, fail)
+    ->  Delta = -1
+    ;   Delta = 0
+    ),
+    with_mutex(cod_grants,
+               (   count(Client, Delta),
+                   findall(T, next_waiter(T), Ts)
+               )),
+    forall(member(T, Ts), catch(thread_send_message(T, cod_grant), _, true)).
+
+next_waiter(Thread) :-
+    waiting(Seq, Client, Thread),
+    may_take(Client),
+    retract(waiting(Seq, Client, Thread)),
+    count(Client, 1).
+
+%!  grant_stats(-Pairs) is det.
+%
+%   large_grants_held, large_grants_waiting, and since the start
+%   large_grants_taken and large_grants_refused.
+grant_stats([large_grants_held-H, large_grants_waiting-W, large_grants_taken-T,
+             large_grants_refused-R]) :-
+    get_flag(cod_grants_held, H),
+    get_flag(cod_grants_taken, T),
+    get_flag(cod_grants_refused, R),
+    aggregate_all(count, waiting(_, _, _), W).
