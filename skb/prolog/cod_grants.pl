@@ -49,7 +49,8 @@ worked out in docs/design-rm.md, "Memory across the running queries".
 
 :- dynamic
     grant_option/2,        % Name, Value
-    waiting/3.             % Seq, Client, Thread: waits for a large grant
+    waiting/3,             % Seq, Client, Thread: waits for a large grant
+    holder/2.              % Thread, Client: holds one
 
 default_option(query_stack_limit, 4194304).
 default_option(large_stack_limit, 134217728).
@@ -161,9 +162,11 @@ trim_thread_stacks :-
 %   now or after waiting in the FIFO; fails after grant_wait_s seconds.
 take_grant(Client) :-
     thread_self(Me),
+    exit_hook,
     with_mutex(cod_grants,
                (   may_take(Client)
                ->  count(Client, 1),
+                   assertz(holder(Me, Client)),
                    Wait = false
                ;   flag(cod_grants_seq, Seq, Seq+1),
                    assertz(waiting(Seq, Client, Me)),
@@ -235,17 +238,47 @@ give_grant(Client) :-
     ->  Delta = -1
     ;   Delta = 0
     ),
+    thread_self(Me),
     with_mutex(cod_grants,
                (   count(Client, Delta),
+                   (   Delta < 0 -> retractall(holder(Me, _)) ; true ),
                    findall(T, next_waiter(T), Ts)
                )),
-    forall(member(T, Ts), catch(thread_send_message(T, cod_grant), _, true)).
+    wake(Ts).
 
 next_waiter(Thread) :-
     waiting(Seq, Client, Thread),
     may_take(Client),
     retract(waiting(Seq, Client, Thread)),
-    count(Client, 1).
+    count(Client, 1),
+    assertz(holder(Thread, Client)).
+
+wake(Threads) :-
+    forall(member(T, Threads), catch(thread_send_message(T, cod_grant), _, true)).
+
+%   exit_hook: once per thread, before it may hold a grant.  A thread that
+%   ends while it holds one or waits for one (killed, or exited: not an
+%   exception, which with_stack_grant/3 sees) gives it back or waits no
+%   longer (thread_gone/0), so no grant is lost with a thread.
+exit_hook :-
+    (   nb_current(cod_grants_exit_hook, true)
+    ->  true
+    ;   thread_at_exit(cod_grants:thread_gone),
+        nb_setval(cod_grants_exit_hook, true)
+    ).
+
+:- public thread_gone/0.
+thread_gone :-
+    thread_self(Me),
+    with_mutex(cod_grants,
+               (   retractall(waiting(_, _, Me)),
+                   (   retract(holder(Me, Client))
+                   ->  count(Client, -1),
+                       findall(T, next_waiter(T), Ts)
+                   ;   Ts = []
+                   )
+               )),
+    wake(Ts).
 
 %!  grant_stats(-Pairs) is det.
 %

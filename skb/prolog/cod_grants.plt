@@ -69,6 +69,23 @@ test(grants_are_shared_per_uid_with_a_privileged_reserve,
     assertion(memberchk(large_grants_held-0, Stats)),
     assertion(memberchk(large_grants_refused-1, Stats)).
 
+%   A thread that ends while it holds a grant (thread_exit/1, not an
+%   exception) gives it back: without the exit hook, the engine's grants
+%   were lost one by one and every large query refused.
+test(a_thread_that_exits_holding_a_grant_gives_it_back,
+     [ setup(fresh([large_grants(1), grant_wait_s(1)])), cleanup(retractall(used(_, _))) ]) :-
+    client_thread_options(Options),
+    thread_create(( nb_setval(cod_client, client(1000, false)),
+                    with_stack_grant(long_list(500000, _), thread_exit(gone), refused) ),
+                  Id, Options),
+    thread_join(Id, Status),
+    assertion(Status == exited(gone)),
+    grant_stats(Stats),
+    assertion(memberchk(large_grants_held-0, Stats)),
+    in_client_thread(client(1001, false),
+                     with_stack_grant(long_list(500000, L), assertz(used(after, L)), refused)),
+    assertion(used(after, 500000)).
+
 %   long_list(+N, -Len, -Outgrew): make a list of N integers, and say
 %   whether that ran out of stack (as the server's Make closures do).
 long_list(N, Len, Outgrew) :-
