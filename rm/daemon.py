@@ -272,10 +272,13 @@ class Daemon:
 
 async def serve(cfg: RMConfig, enforcer: Any = None) -> None:
     daemon = Daemon(cfg, enforcer)
-    await daemon.start()
+    # Before the start, not after it: a SIGTERM that came while the engine started, or just after the
+    # socket began to accept, took the default action and killed the daemon without closing anything
+    # (a test that stopped a daemon as soon as it could connect got -15 on a busy machine).
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, daemon.request_stop, signal.Signals(sig).name)
+    await daemon.start()
     try:
         await daemon.wait_stopped()
     finally:

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -45,6 +46,28 @@ def test_signal_stops_cleanly_tells_clients_and_removes_the_socket(tmp_path, sig
                                                                            "reason": signal.Signals(sig).name}}
     assert c.recv() is None
     assert not d.path.exists()
+
+
+def test_a_signal_during_the_start_stops_the_daemon_cleanly_once_started(tmp_path):
+    """The handlers were installed after the start: a SIGTERM while the engine started (or just after
+    the socket began to accept) killed the daemon by the default action (-15), closing nothing."""
+    log = tmp_path / "rm.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(COD + ["rm", "--socket", str(tmp_path / "rm.sock"), "--machine", "shanghai"],
+                                stdout=out, stderr=out)
+    try:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        deadline = time.monotonic() + 60.0
+        while not children.read_text().split():  # the SKB engine is being started: the daemon is in start()
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "SIGTERM: shutting down" in log.read_text() and not (tmp_path / "rm.sock").exists()
 
 
 def test_unknown_machine_is_a_one_line_error(tmp_path):
