@@ -3,6 +3,7 @@
 
 :- module(cod_direct,
           [ direct_listen/2,         % +SocketPath, +Options
+            direct_default/2,        % ?Name, ?Default
             grant_token/2,           % +Token, +App
             grant_token/3,           % +Token, +App, +Client
             revoke_token/1           % +Token
@@ -61,26 +62,31 @@ connections of root and the daemon's user always fit.
 
 :- meta_predicate direct_listen(+, :).
 
-default_option(max_connections, 1024).
-default_option(max_frame_bytes, 1048576).
-default_option(hello_timeout, 5).
-default_option(idle_timeout, 120).
-default_option(write_timeout, 10).
-default_option(max_connections_per_uid, 64).
-default_option(reserved_privileged_connections, 64).
-default_option(max_pending, 64).
-default_option(frame_timeout, 10).
-default_option(max_time_limit, 5).
-default_option(inference_limit, 10000000).
-default_option(rpc_codes, '').
+%!  direct_default(?Name, ?Default) is nondet.
+%
+%   The channel's settings and their defaults: the options of
+%   direct_listen/2, and the SKB server's command-line settings of the
+%   same names.
+direct_default(max_connections, 1024).
+direct_default(max_frame_bytes, 1048576).
+direct_default(hello_timeout, 5).
+direct_default(idle_timeout, 120).              % a greeted connection silent for this long is closed
+direct_default(write_timeout, 10).              % a connection that reads nothing of an answer this long is closed
+direct_default(max_connections_per_uid, 64).    % of an unprivileged uid
+direct_default(reserved_privileged_connections, 64). % of max_connections, for root and the daemon
+direct_default(max_pending, 64).                % connections waiting for their hello
+direct_default(frame_timeout, 10).
+direct_default(max_time_limit, 5).
+direct_default(inference_limit, 10000000).
+direct_default(rpc_codes, '').
 
 %!  direct_listen(+Path, :Options) is det.
 %
 %   Listen on the Unix socket Path.  Options: run_query(:Closure), called
 %   as call(Closure, App, GoalText, QueryOptions, Answer), and the
-%   settings of default_option/2.
+%   settings of direct_default/2.
 direct_listen(Path, M:Options) :-
-    forall(default_option(Name, Default),
+    forall(direct_default(Name, Default),
            (   Opt =.. [Name, Value],
                option(Opt, Options, Default),
                retractall(direct_option(Name, _)),
@@ -306,7 +312,7 @@ request_reply(Id, Method, Params, App0, App, Reply, Outgrew) :-
         Reply = frame(Text)
     ;   App = App0,
         error_reply(Id, E, Reply),
-        (   outgrew_stacks(E) -> Outgrew = true ; Outgrew = false )
+        outgrown(E, Outgrew)
     ).
 
 error_reply(_, E, rethrow(E)) :-
@@ -479,7 +485,7 @@ result_text(Id, Result, Text, Outgrew) :-
     ).
 
 failure_text(Id, E, Text, Outgrew) :-
-    (   outgrew_stacks(E) -> Outgrew = true ; Outgrew = false ),
+    outgrown(E, Outgrew),
     engine_error_text(Id, E, Text).
 
 write_direct_result(atom(A)) :- json_write_text(current_output, A).

@@ -49,7 +49,7 @@ for_five_seconds(Goal) :-
 
 %   The options direct_listen/2 would set, for the tests that do not listen.
 default_options :-
-    forall(cod_direct:default_option(Name, Value),
+    forall(cod_direct:direct_default(Name, Value),
            (   cod_direct:direct_option(Name, _)
            ->  true
            ;   assertz(cod_direct:direct_option(Name, Value))

@@ -6,6 +6,8 @@
             with_stack_grant/3,      % :Make, :Use, :Refused
             trim_thread_stacks/0,
             outgrew_stacks/1,        % +Error
+            outgrown/2,              % +Error, -Bool
+            grant_default/2,         % ?Name, ?Default
             client_thread_options/1, % -Options
             grant_stats/1            % -Pairs
           ]).
@@ -21,7 +23,7 @@ the process as a whole (RLIMIT_AS), but nothing across threads: 64 queries
 that each build a 0.8 MB answer as a list of codes (stacks of 20 to 130 MB
 each) took the engine past its 4 GiB address space, and it exited (issue
 23, the flood of never-reading clients).  So every thread that runs work
-for a client runs it first under a small stack limit (query_stack_limit,
+for a client runs it first under a small stack limit (query_stack,
 the limit the thread is created with), and the few that need more hold a
 large grant while they run again:
 
@@ -29,13 +31,13 @@ large grant while they run again:
     under the small limit and says whether it outgrew it (a stack
     overflow: error(resource_error(stack), _) in 9.0);
   - if it did, Make's bindings are undone, the thread's stacks trimmed,
-    and Make runs again under large_stack_limit once the thread holds one
-    of large_grants grants; Use (sending the result) runs under the same
+    and Make runs again under large_stack once the thread holds one
+    of large_stacks grants; Use (sending the result) runs under the same
     grant, which is given back, and the stacks trimmed, after it;
-  - at most large_grants_per_uid grants are held by one unprivileged uid,
-    and unprivileged uids together leave reserved_privileged_grants to
+  - at most large_stacks_per_uid grants are held by one unprivileged uid,
+    and unprivileged uids together leave reserved_privileged_stacks to
     root and the daemon; a thread that may not take one waits in one FIFO
-    for at most grant_wait_s seconds, and then call(Refused, Error)
+    for at most large_stack_wait_s seconds, and then call(Refused, Error)
     answers its client instead (error(resource_error(cod_stack_grant(..)), _)).
 
 Make must be re-runnable (a read, or a query in snapshot/1: what it
@@ -52,20 +54,24 @@ worked out in docs/design-rm.md, "Memory across the running queries".
     waiting/3,             % Seq, Client, Thread: waits for a large grant
     holder/2.              % Thread, Client: holds one
 
-default_option(query_stack_limit, 4194304).
-default_option(large_stack_limit, 134217728).
-default_option(large_grants, 4).
-default_option(reserved_privileged_grants, 1).
-default_option(large_grants_per_uid, 1).
-default_option(grant_wait_s, 5).
+%!  grant_default(?Name, ?Default) is nondet.
+%
+%   The grants' settings and their defaults: the options of grants_init/1,
+%   and the SKB server's command-line settings of the same names.
+grant_default(query_stack, 4194304).
+grant_default(large_stack, 134217728).
+grant_default(large_stacks, 4).
+grant_default(reserved_privileged_stacks, 1).
+grant_default(large_stacks_per_uid, 1).
+grant_default(large_stack_wait_s, 5).
 
 %!  grants_init(+Options) is det.
 %
-%   Options: the settings of default_option/2.
+%   Options: the settings of grant_default/2.
 grants_init(Options) :-
     must_be(list, Options),
     retractall(grant_option(_, _)),
-    forall(default_option(Name, Default),
+    forall(grant_default(Name, Default),
            (   Opt =.. [Name, Value],
                option(Opt, Options, Default),
                must_be(positive_integer, Value),
@@ -77,7 +83,7 @@ grants_init(Options) :-
 %   grant_value(+Name, -Value): a setting, its default before grants_init/1
 %   (tools and tests that load the pool without the server).
 grant_value(Name, Value) :-
-    (   grant_option(Name, Value0) -> Value = Value0 ; default_option(Name, Value) ).
+    (   grant_option(Name, Value0) -> Value = Value0 ; grant_default(Name, Value) ).
 
 %!  with_stack_grant(:Make, :Use, :Refused) is det.
 %
@@ -94,14 +100,14 @@ with_stack_grant(Make, Use, Refused) :-
     ;   trim_thread_stacks,
         client(Client),
         (   take_grant(Client)
-        ->  grant_value(large_stack_limit, Large),
+        ->  grant_value(large_stack, Large),
             set_prolog_flag(stack_limit, Large),
             catch(\+ \+ ( once(call(Make, _)), call(Use) ), E, true),
             give_grant(Client),
             (   var(E) -> true ; throw(E) )
         ;   flag(cod_grants_refused, R, R+1),
-            grant_value(query_stack_limit, Small),
-            grant_value(grant_wait_s, Wait),
+            grant_value(query_stack, Small),
+            grant_value(large_stack_wait_s, Wait),
             call(Refused, error(resource_error(cod_stack_grant(Small, Wait)), _))
         )
     ).
@@ -115,7 +121,7 @@ with_stack_grant(Make, Use, Refused) :-
 %   algorithms on terms are not recursive in C: a term nested 2,000,000
 %   deep was written, copied, hashed, compared and asserted with 256 KB).
 client_thread_options([stack_limit(Small), c_stack(CStack)]) :-
-    grant_value(query_stack_limit, Small),
+    grant_value(query_stack, Small),
     c_stack_bytes(CStack).
 
 c_stack_bytes(1048576).
@@ -129,6 +135,14 @@ outgrew_stacks(E) :-
     nonvar(E),
     E = error(resource_error(Stack), _),
     memberchk(Stack, [stack, global_stack, local_stack, trail_stack]).
+
+%!  outgrown(+Error, -Outgrew) is det.
+%
+%   Outgrew is true if Error says that the thread ran out of its stacks
+%   (outgrew_stacks/1), else false: the flag that with_stack_grant/3's
+%   Make returns.
+outgrown(E, Outgrew) :-
+    (   outgrew_stacks(E) -> Outgrew = true ; Outgrew = false ).
 
 %   client(-Client): whom the calling thread works for (the pool's job or the
 %   direct connection sets the global variable cod_client).
@@ -148,7 +162,7 @@ trim_thread_stacks :-
     statistics(local, Local),
     statistics(trail, Trail),
     Allocated is Global + Local + Trail,
-    grant_value(query_stack_limit, Small),
+    grant_value(query_stack, Small),
     (   Allocated > Small // 4
     ->  trim_stacks
     ;   true
@@ -159,7 +173,7 @@ trim_thread_stacks :-
 		 *******************************/
 
 %   take_grant(+Client) is semidet: the calling thread holds a large grant,
-%   now or after waiting in the FIFO; fails after grant_wait_s seconds.
+%   now or after waiting in the FIFO; fails after large_stack_wait_s seconds.
 take_grant(Client) :-
     thread_self(Me),
     exit_hook,
@@ -174,7 +188,7 @@ take_grant(Client) :-
                )),
     (   Wait == false
     ->  true
-    ;   grant_value(grant_wait_s, Seconds),
+    ;   grant_value(large_stack_wait_s, Seconds),
         catch(thread_get_message(Me, cod_grant, [timeout(Seconds)]), E,
               ( stop_waiting(Client, Me, Granted),
                 ( Granted == true -> give_grant(Client) ; true ),
@@ -197,12 +211,12 @@ stop_waiting(Client, Me, Granted) :-
     ).
 
 may_take(Client) :-
-    grant_value(large_grants, Max),
+    grant_value(large_stacks, Max),
     get_flag(cod_grants_held, Held),
     Held < Max,
     (   Client = client(Uid, false)
-    ->  grant_value(reserved_privileged_grants, Reserved),
-        grant_value(large_grants_per_uid, PerUid),
+    ->  grant_value(reserved_privileged_stacks, Reserved),
+        grant_value(large_stacks_per_uid, PerUid),
         get_flag(cod_grants_unprivileged, Unprivileged),
         Unprivileged < max(1, Max - min(Reserved, Max // 2)),
         uid_key(Uid, Key),
@@ -230,7 +244,7 @@ uid_key(Uid, Key) :-
 %   stacks trimmed and its limit small again first), and the oldest waiters
 %   that may take one now get theirs.
 give_grant(Client) :-
-    grant_value(query_stack_limit, Small),
+    grant_value(query_stack, Small),
     trim_stacks,
     %   The large run's stacks are unwound, so this holds; were it refused, the
     %   thread would keep the large limit without a grant (counted as held).

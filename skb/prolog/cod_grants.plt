@@ -40,7 +40,7 @@ test(work_within_the_small_stacks_takes_no_grant, [ setup(fresh([])), cleanup(re
 %   Two grants, one of them the privileged reserve: while uid 1000 holds the
 %   other, uid 1001 waits one second and is refused; root takes the reserve.
 test(grants_are_shared_per_uid_with_a_privileged_reserve,
-     [ setup(fresh([large_grants(2), reserved_privileged_grants(1), grant_wait_s(1)])),
+     [ setup(fresh([large_stacks(2), reserved_privileged_stacks(1), large_stack_wait_s(1)])),
        cleanup(retractall(used(_, _))) ]) :-
     thread_self(Me),
     message_queue_create(Release),
@@ -73,7 +73,7 @@ test(grants_are_shared_per_uid_with_a_privileged_reserve,
 %   exception) gives it back: without the exit hook, the engine's grants
 %   were lost one by one and every large query refused.
 test(a_thread_that_exits_holding_a_grant_gives_it_back,
-     [ setup(fresh([large_grants(1), grant_wait_s(1)])), cleanup(retractall(used(_, _))) ]) :-
+     [ setup(fresh([large_stacks(1), large_stack_wait_s(1)])), cleanup(retractall(used(_, _))) ]) :-
     client_thread_options(Options),
     thread_create(( nb_setval(cod_client, client(1000, false)),
                     with_stack_grant(long_list(500000, _), thread_exit(gone), refused) ),

@@ -3,6 +3,7 @@
 
 :- module(cod_pool,
           [ pool_init/1,             % +Options
+            pool_default/2,          % ?Name, ?Default
             request_slot/3,          % +App, +Client, +Job
             submit/1,                % +Job
             with_app_slot/3,         % +App, +Client, :Goal
@@ -56,24 +57,28 @@ engine's `ping` answers with it).
     parked/4,              % Seq, App, Client, Job: waiting for slots
     pool_worker/1.         % Thread: a live worker
 
-default_option(app_slots, 4).
-default_option(uid_threads, 16).
-default_option(reserved_privileged_threads, 32).
-default_option(max_threads, 256).
-default_option(min_workers, 4).
-default_option(worker_idle_s, 10).
-default_option(pool_stall_s, 15).
+%!  pool_default(?Name, ?Default) is nondet.
+%
+%   The pool's settings and their defaults: the options of pool_init/1,
+%   and the SKB server's command-line settings of the same names.
+pool_default(app_slots, 4).                     % queries of one application running at once
+pool_default(uid_threads, 16).                  % queries of one unprivileged uid running at once
+pool_default(reserved_privileged_threads, 32).  % of max_threads, only for root and the daemon
+pool_default(max_threads, 256).
+pool_default(min_workers, 4).                   % the pool never shrinks below this
+pool_default(worker_idle_s, 10).                % an idle worker beyond min_workers leaves after this
+pool_default(pool_stall_s, 15).                 % queued jobs and none taken for this long: ping fails
 
 %!  pool_init(+Options) is det.
 %
 %   Options: run(:Closure), called as call(Closure, Id, Op) to run and
 %   answer a job; died(:Closure), called as call(Closure, Id, Reason)
 %   when the worker running job Id ended before answering it; and the
-%   settings of default_option/2.
+%   settings of pool_default/2.
 pool_init(Options) :-
     must_be(list, Options),
     retractall(pool_option(_, _)),
-    forall(default_option(Name, Default),
+    forall(pool_default(Name, Default),
            (   Opt =.. [Name, Value],
                option(Opt, Options, Default),
                assertz(pool_option(Name, Value))

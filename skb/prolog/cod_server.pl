@@ -63,37 +63,17 @@ between running queries is shared by the kernel.
     setting/2,             % Name, Value (from the command line)
     protocol_out/1.        % Stream: the control channel's output
 
-default_setting(app_slots, 4).
-default_setting(max_threads, 256).
-default_setting(min_workers, 4).                % the pool never shrinks below this
-default_setting(worker_idle_s, 10).             % an idle worker beyond min_workers leaves after this
-default_setting(uid_threads, 16).               % queries of one unprivileged uid running at once
-default_setting(reserved_privileged_threads, 32). % of max_threads, only for root and the daemon
-default_setting(pool_stall_s, 15).              % queued jobs and none taken for this long: ping fails
+%   default_setting(?Name, ?Default): the command line's settings (--name-with-dashes
+%   Value) and their defaults: the server's own, and those of the pool, the
+%   grants and the direct channel, each kept by its module.
 default_setting(bulk_reply_chars, 65536).       % a reply longer than this is bulk ...
 default_setting(bulk_replies_queued, 8).        % ... and at most this many bulk replies wait to be sent
 default_setting(thread_stack, 268435456).       % bytes: the writer's and the control channel reader's stacks
-default_setting(query_stack, 4194304).          % bytes: a worker's or direct connection's stacks (cod_grants.pl) ...
-default_setting(large_stack, 134217728).        % ... and under a large grant
-default_setting(large_stacks, 4).               % large grants
-default_setting(large_stacks_per_uid, 1).       % held by one unprivileged uid at once
-default_setting(reserved_privileged_stacks, 1). % of large_stacks, for root and the daemon
-default_setting(large_stack_wait_s, 5).         % a query waits this long for a large grant
 default_setting(max_reply_bytes, 67108864).
 default_setting(direct_socket, '').
-% The direct channel's (cod_direct.pl).
-default_setting(max_connections, 1024).
-default_setting(max_frame_bytes, 1048576).
-default_setting(hello_timeout, 5).
-default_setting(idle_timeout, 120).             % a greeted connection silent for this long is closed
-default_setting(write_timeout, 10).             % a connection that reads nothing of an answer this long is closed
-default_setting(max_connections_per_uid, 64).   % of an unprivileged uid
-default_setting(reserved_privileged_connections, 64). % of max_connections, for root and the daemon
-default_setting(max_pending, 64).               % connections waiting for their hello
-default_setting(frame_timeout, 10).
-default_setting(max_time_limit, 5).
-default_setting(inference_limit, 10000000).
-default_setting(rpc_codes, '').
+default_setting(Name, Default) :- pool_default(Name, Default).
+default_setting(Name, Default) :- grant_default(Name, Default).
+default_setting(Name, Default) :- direct_default(Name, Default).
 
 %!  main is det.
 %
@@ -143,34 +123,27 @@ read_settings(Argv) :-
            )).
 
 start_grants :-
-    findall(Opt, ( member(Name-GName, [query_stack-query_stack_limit, large_stack-large_stack_limit,
-                                       large_stacks-large_grants, large_stacks_per_uid-large_grants_per_uid,
-                                       reserved_privileged_stacks-reserved_privileged_grants,
-                                       large_stack_wait_s-grant_wait_s]),
-                   setting(Name, Value),
-                   Opt =.. [GName, Value] ), Opts),
+    settings_of(grant_default, Opts),
     grants_init(Opts).
 
 start_pool :-
-    findall(Opt, ( member(Name, [app_slots, uid_threads, reserved_privileged_threads, max_threads,
-                                 min_workers, worker_idle_s, pool_stall_s]),
-                   setting(Name, Value),
-                   Opt =.. [Name, Value] ), Opts),
+    settings_of(pool_default, Opts),
     pool_init([run(cod_server:pooled_op), died(cod_server:job_died)|Opts]).
 
 start_direct :-
     setting(direct_socket, Path),
     (   Path == ''
     ->  true
-    ;   findall(Opt, ( member(Name, [max_connections, max_frame_bytes,
-                                         hello_timeout, frame_timeout, max_time_limit,
-                                         inference_limit, rpc_codes, idle_timeout, write_timeout,
-                                         max_connections_per_uid,
-                                         reserved_privileged_connections, max_pending]),
-                       setting(Name, Value),
-                       Opt =.. [Name, Value] ), Opts),
+    ;   settings_of(direct_default, Opts),
         direct_listen(Path, [run_query(cod_server:direct_query)|Opts])
     ).
+
+%   settings_of(+Defaults, -Options): the settings a module's table of
+%   Defaults names, as options (Name(Value)).
+settings_of(Defaults, Options) :-
+    findall(Opt, ( call(Defaults, Name, _),
+                   setting(Name, Value),
+                   Opt =.. [Name, Value] ), Options).
 
 %!  detach_standard_streams is det.
 %
@@ -376,10 +349,10 @@ op_result(ping, atom(pong)) :-
     ;   throw(error(resource_error(cod_query_pool), context(ping, Health)))
     ).
 op_result(stats, json([app_slots-S, apps-A, app_modules-AM, atoms-At,
-                        largest_thread_stack-St|Pool])) :-
-    aggregate_all(max(B), ( thread_property(T, status(running)),
-                            catch(thread_statistics(T, stack, B), _, fail) ), St0),
-    (   number(St0) -> St = St0 ; St = 0 ),
+                        stacks_all_threads-St|Pool])) :-
+    % SWI-Prolog 9.0 reports stack use for all threads together, also from
+    % thread_statistics/3: there is no per-thread figure to give.
+    statistics(stack, St),
     pool_stats(Pool0),
     grant_stats(Grants),
     append(Pool0, Grants, Pool),
@@ -686,7 +659,7 @@ checked_line(Id, Text, Line) :-
     ).
 
 failure_line(Id, E, Line, Outgrew) :-
-    (   outgrew_stacks(E) -> Outgrew = true ; Outgrew = false ),
+    outgrown(E, Outgrew),
     error_line(Id, E, Line).
 
 %   Replies leave through one thread (cod_output), in two classes: a bulk
