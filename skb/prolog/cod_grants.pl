@@ -15,6 +15,7 @@
 :- use_module(library(option)).
 :- use_module(library(aggregate)).
 :- use_module(library(lists)).
+:- use_module(cod_limits, [with_time_spent/2]).
 
 /** <module> Stack grants: a memory budget across the running queries
 
@@ -88,11 +89,14 @@ grant_value(Name, Value) :-
 %!  with_stack_grant(:Make, :Use, :Refused) is det.
 %
 %   call(Make, Outgrew) then call(Use), as described in the module
-%   header.  Outgrew is true when Make ran out of stack.  When Make runs
+%   header.  Outgrew is true when Make ran out of stack.  Make run again
+%   gets only the time its first run and the wait for the grant left of
+%   the limits of its limited calls (with_time_spent/2).  When Make runs
 %   again under a large grant, none of the bindings of Make and Use are
 %   kept (they run in \+ \+, so that the stacks are empty again when the
 %   grant goes back): Use must do all that is to be done with the result.
 with_stack_grant(Make, Use, Refused) :-
+    get_time(Start),
     (   once(call(Make, Outgrew)),
         Outgrew == false
     ->  call(Use),
@@ -102,7 +106,9 @@ with_stack_grant(Make, Use, Refused) :-
         (   take_grant(Client)
         ->  grant_value(large_stack, Large),
             set_prolog_flag(stack_limit, Large),
-            catch(\+ \+ ( once(call(Make, _)), call(Use) ), E, true),
+            get_time(Now),
+            Spent is Now - Start,      % the first run's and the wait's time
+            catch(\+ \+ ( with_time_spent(Spent, call(Make, _)), call(Use) ), E, true),
             give_grant(Client),
             (   var(E) -> true ; throw(E) )
         ;   flag(cod_grants_refused, R, R+1),

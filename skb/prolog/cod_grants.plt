@@ -86,6 +86,26 @@ test(a_thread_that_exits_holding_a_grant_gives_it_back,
                      with_stack_grant(long_list(500000, L), assertz(used(after, L)), refused)),
     assertion(used(after, 500000)).
 
+%   Work made again under a grant gets what its first run left of its time
+%   limit: the first run sleeps 0.6 s of its 1 s and then outgrows its
+%   stacks; the second is stopped 0.4 s into the same sleep (it had its whole
+%   second again, and finished, before with_time_spent/2).
+test(work_made_again_gets_only_the_time_its_first_run_left,
+     [ setup(fresh([])), cleanup(retractall(used(_, _))) ]) :-
+    in_client_thread(client(1000, false),
+                     with_stack_grant(slow_then_long, true, refused)),
+    assertion(used(made, cod_limit(time))),
+    assertion(\+ used(made, done)).
+
+slow_then_long(Outgrew) :-
+    catch(( cod_limits:run_limited(( sleep(0.6), numlist(1, 500000, L), length(L, _) ), 1, 100000000),
+            assertz(used(made, done)) ),
+          E, true),
+    (   var(E) -> Outgrew = false
+    ;   outgrew_stacks(E) -> Outgrew = true
+    ;   assertz(used(made, E)), Outgrew = false
+    ).
+
 %   long_list(+N, -Len, -Outgrew): make a list of N integers, and say
 %   whether that ran out of stack (as the server's Make closures do).
 long_list(N, Len, Outgrew) :-

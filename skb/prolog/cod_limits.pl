@@ -3,6 +3,7 @@
 
 :- module(cod_limits,
           [ run_limited/3,           % :Goal, +Seconds, +Inferences
+            with_time_spent/2,       % +Seconds, :Goal
             start_watchdog/0,
             cancel_tagged/2,         % +Tag, -Count
             abandon_tagged/2,        % +Tag, -Count
@@ -44,7 +45,9 @@ Before start_watchdog/0 runs (sync tools that load these files without the
 server), limits fall back to an alarm per call.
 */
 
-:- meta_predicate run_limited(0, +, +).
+:- meta_predicate
+    run_limited(0, +, +),
+    with_time_spent(+, 0).
 
 :- dynamic
     watchdog_running/0.
@@ -67,10 +70,14 @@ run_limited(Goal, Seconds, Inferences) :-
     ),
     (   watchdog_running
     ->  get_time(Now),
-        Deadline is Now + Seconds,
         thread_keys(DeadlineKey, TagKey),
-        (   nb_current(cod_tag, Tag) -> true ; Tag = none ),
         get_flag(DeadlineKey, Outer),
+        (   Outer > 0
+        ->  Deadline is Now + Seconds
+        ;   time_left(Seconds, Left),
+            Deadline is Now + Left
+        ),
+        (   nb_current(cod_tag, Tag) -> true ; Tag = none ),
         get_flag(TagKey, OuterTag),
         (   Outer > 0 -> Effective is min(Outer, Deadline) ; Effective = Deadline ),
         %   The tag means something only while a deadline is set: written when it
@@ -84,14 +91,38 @@ run_limited(Goal, Seconds, Inferences) :-
             ( SetTag, set_flag(DeadlineKey, Effective) ),
             call_with_inference_limit(Goal, Inferences, Result),
             ( set_flag(DeadlineKey, Outer), ResetTag ))
-    ;   setup_call_cleanup(
-            alarm(Seconds, cod_limits:expired_alarm, Alarm, [remove(false)]),
+    ;   time_left(Seconds, Left),
+        setup_call_cleanup(
+            alarm(Left, cod_limits:expired_alarm, Alarm, [remove(false)]),
             call_with_inference_limit(Goal, Inferences, Result),
             remove_alarm(Alarm))
     ),
     (   Result == inference_limit_exceeded
     ->  throw(error(resource_error(inferences), inference_limit(Inferences)))
     ;   true
+    ).
+
+%!  with_time_spent(+Spent, :Goal) is semidet.
+%
+%   Call Goal as once/1 would, with Spent seconds already spent of the time
+%   limit of each limited call it makes outside any other (run_limited/3):
+%   work made again after a first run (under a large stack grant,
+%   cod_grants.pl) gets what its first run and its wait left, not its whole
+%   limit again.  A limit already spent ends the call at once.
+with_time_spent(Spent, Goal) :-
+    must_be(number, Spent),
+    (   Spent >= 0 -> true ; domain_error(not_less_than_zero, Spent) ),
+    setup_call_cleanup(nb_setval(cod_time_spent, Spent),
+                       once(Goal),
+                       nb_setval(cod_time_spent, 0)).
+
+%   time_left(+Seconds, -Left): Seconds less the time spent before this run
+%   (with_time_spent/2); throws cod_limit(time) when none is left.
+time_left(Seconds, Left) :-
+    (   nb_current(cod_time_spent, Spent), Spent > 0
+    ->  Left is Seconds - Spent,
+        (   Left > 0 -> true ; throw(cod_limit(time)) )
+    ;   Left = Seconds
     ).
 
 :- public expired_alarm/0.
