@@ -56,12 +56,13 @@ def no_cgroup_left_behind(tmp_path):
         remove_tree(os.path.join(mount.path, cgroup_parent(tmp_path)))
 
 
-def enforcing_daemon(tmp_path: Path, mode: str, *extra: str, name: str = "rm.sock"):
+def enforcing_daemon(tmp_path: Path, mode: str, *extra: str, name: str = "rm.sock",
+                     revoke_deadline_s: float = 0.3):
     parent = cgroup_parent(tmp_path)
     # Only this test's own processes may be seen as busy or confined: other work on the machine
     # (other engineers' builds) is never touched, and cannot disturb the test either.
     return start_daemon(tmp_path, "--enforce", mode, "--state-dir", str(tmp_path / "state"),
-                        "--cgroup-parent", parent, "--log-level", "debug", "--revoke-deadline", "0.3",
+                        "--cgroup-parent", parent, "--log-level", "debug", "--revoke-deadline", str(revoke_deadline_s),
                         "--busy-scope", f"descendants:{os.getpid()}", *extra, name=name), parent
 
 
