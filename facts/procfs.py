@@ -29,6 +29,7 @@ from cod.facts.sysfs import parse_meminfo
 PROC = "/proc"
 CLK_TCK = os.sysconf("SC_CLK_TCK")  # the unit of stat's CPU times: clock ticks per second
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
+PF_EXITING = 0x00000004  # include/linux/sched.h: the task is exiting, or a zombie not yet reaped
 
 
 @dataclass(frozen=True)

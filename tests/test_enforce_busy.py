@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from cod.facts.procfs import PF_EXITING
 from cod.rm.enforce import AffinityEnforcer, EnforceError
 from cod.rm.enforce.busy import BusyDetector, confine
 from helpers.procs import allowed_list, spawn, spinner_cmd  # noqa: F401 (fixtures)
@@ -148,6 +149,30 @@ def test_full_scan_only_when_cpu_time_is_unexplained(tmp_path, spawn, other_tick
         busy += 50 + extra
     assert det.scans == scans
     assert seen == [[other] if r else [] for r in reported]
+
+
+def test_a_hog_that_exited_is_forgotten_at_once_not_after_the_quiet_window(tmp_path, spawn):
+    """Killed, and not yet reaped by its parent (a zombie, PF_EXITING, its CPU time frozen): it was
+    reported for the whole quiet window after its exit event, and the RM, which had removed it on
+    that event, took it back in as a newcomer (epochs for nothing; test_cscs_cod under load)."""
+    registered, other = 7, spawn(1, "sleep").pid
+    t = [0.0]
+    det = BusyDetector(threshold=0.15, window=2, registered=lambda: {registered}, proc=str(tmp_path),
+                       clock=lambda: t[0], quiet_window=2)
+    det.me = 1
+    busy = reg = oth = 0
+    seen = []
+    for step in range(7):
+        exiting = step >= 4
+        write_machine(tmp_path, busy)
+        write_stat(tmp_path, registered, reg)
+        write_stat(tmp_path, other, oth, flags=PF_EXITING if exiting else 0)
+        seen.append([b.pid for b in det.sample()])
+        t[0] += 1.0
+        reg += 50
+        oth += 0 if exiting else HOG
+        busy += 50 + (0 if exiting else HOG)
+    assert seen == [[], [], [], [other], [], [], []]
 
 
 # ---- what a thread wanted, from two readings (schedstat adds a wait only when the thread next runs) ----

@@ -147,7 +147,10 @@ class BusyDetector:
         still: dict[int, _Track] = {}
         for pid, old in self._hogs.items():
             got = None if pid in skip else procfs.cpu_ticks(pid, self.proc)
-            if got is None or got[1] != old.start:
+            # Gone, another process under its pid, or exited and not yet reaped: a zombie's frozen
+            # CPU time would keep it reported for the quiet window after its exit event removed it
+            # (and the RM took it back in as a newcomer: two needless reallocations).
+            if got is None or got[1] != old.start or got[2] & procfs.PF_EXITING:
                 continue
             at = self.clock()  # the reading's own time: see _scan
             if at <= old.at:  # no time has passed: nothing to measure, nothing changes
@@ -212,7 +215,7 @@ class BusyDetector:
             if got is None:
                 continue
             ticks, start, flags = got
-            if flags & procfs.PF_KTHREAD:
+            if flags & (procfs.PF_KTHREAD | procfs.PF_EXITING):
                 continue
             old = self._tracks.get(pid)
             # Each reading carries its own time: a scan delayed between the sample's start and
