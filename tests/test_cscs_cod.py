@@ -21,7 +21,7 @@ from helpers import cscs_ref
 from helpers.procs import needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
 from helpers.waiting import wait_until
 from test_cscs_engine import ALLOWED, LiveEngine, cpulist, pinned_threads, two_cpus
-from test_integration_rm import enforcing_daemon
+from test_integration_rm import enforcing_daemon, no_cgroup_left_behind  # noqa: F401 (autouse fixture)
 from test_rm_support import start_daemon
 
 REPO = Path(__file__).resolve().parents[1]

@@ -49,7 +49,10 @@ def cgroup_parent(tmp_path: Path) -> str:
 def no_cgroup_left_behind(tmp_path):
     """Whatever a test's own assertions found, the cgroups its daemons made go with it: a leftover
     top-level cpuset on these CPUs makes the kernel refuse an exclusive one to every later run
-    (a failed run of test_after_sigkill left one, and two clean-clone runs failed on it)."""
+    (a failed run of test_after_sigkill left one, and two clean-clone runs failed on it).
+    Every module that starts an enforcing_daemon imports this fixture (autouse only where it is
+    imported: a failed test_cscs_cod run left its cgroup, and test_enforce_affinity's exclusive
+    tests skipped in the next clean-clone run)."""
     yield
     mount = find_cpuset_mount() if ROOT else None
     if mount is not None:

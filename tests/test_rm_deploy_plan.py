@@ -15,7 +15,7 @@ from cod.rm.deployment import match_threads
 from cod.facts.procfs import format_cpu_list
 from helpers import opthreads
 from helpers.procs import allowed_list
-from test_integration_rm import enforcing_daemon, wait_until
+from test_integration_rm import enforcing_daemon, no_cgroup_left_behind, wait_until  # noqa: F401 (autouse fixture)
 
 N_CPUS = len(os.sched_getaffinity(0))
 pytestmark = pytest.mark.skipif(N_CPUS < 2, reason="needs two CPUs")

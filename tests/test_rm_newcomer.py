@@ -13,7 +13,8 @@ import time
 import pytest
 
 from helpers.procs import needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
-from test_integration_rm import ALL, enforcing_daemon, others_of, register, two_cpus, wait_until
+from test_integration_rm import (  # noqa: F401 (no_cgroup_left_behind: an autouse fixture)
+    ALL, enforcing_daemon, no_cgroup_left_behind, others_of, register, two_cpus, wait_until)
 from test_rm_support import RawConn
 
 RUNS = 20
