@@ -412,6 +412,48 @@ def test_v1_cgroup_created_filled_and_removed(state_dir, spawn):
     assert not os.path.exists(os.path.join(MOUNT.path, PARENT))
 
 
+
+@needs_root()
+@pytest.mark.skipif(MOUNT is None, reason="no cpuset controller mounted")
+def test_a_cgroup_still_busy_at_release_is_removed_later_not_forgotten(state_dir, spawn):
+    """A task killed just before its release is still exiting, and its cgroup answers EBUSY until
+    the exit is done (rm/enforce/leftovers.py has the figures). Here a child cgroup keeps it busy,
+    for as long as the test wants: the release gives the process its cgroup back and keeps the
+    busy one to remove later; the same task applied again takes it back; the next release removes
+    it. Before, release raised and forgot the cgroup, and close left it behind for good."""
+    task = spawn(1, "sleep")
+    home = process_cgroup(task.pid, MOUNT.version)
+    enf = make("cpuset", state_dir)
+    cg = os.path.join(MOUNT.path, PARENT, "db")
+    blocker = os.path.join(cg, "busy")
+    try:
+        enf.apply("db", [task.pid], [CPUS[-1]], [0])
+        os.mkdir(blocker)
+        enf.release("db")
+        assert os.path.isdir(cg) and process_cgroup(task.pid, MOUNT.version) == home
+        enf.apply("db", [task.pid], [CPUS[0]], [0])  # the busy cgroup holds the task again
+        os.rmdir(blocker)
+        enf.apply("other", [task.pid], [CPUS[0]], [0])  # a retry here must not take db's cgroup away
+        assert os.path.isdir(cg)
+        enf.release("other")
+        enf.release("db")
+        assert not os.path.exists(cg) and process_cgroup(task.pid, MOUNT.version) == home
+        enf.apply("db", [task.pid], [CPUS[-1]], [0])
+        os.mkdir(blocker)
+        enf.release("db")
+        assert os.path.isdir(cg)
+        os.rmdir(blocker)
+        enf.apply("other", [task.pid], [CPUS[0]], [0])  # the next call removes it
+        assert not os.path.exists(cg)
+        enf.apply("db", [task.pid], [CPUS[-1]], [0])
+        os.mkdir(blocker)
+        enf.release("db")
+    finally:
+        if os.path.isdir(blocker):
+            os.rmdir(blocker)  # so that close can remove the last one
+        enf.close()
+    assert not os.path.exists(os.path.join(MOUNT.path, PARENT))
+
 def other_cpusets_on_our_cpus() -> list[str]:
     """Top-level cpusets of others (other work, another test run) that hold some of our CPUs."""
     ours = set(CPUS)

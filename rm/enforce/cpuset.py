@@ -180,6 +180,7 @@ class CpusetEnforcer(RecordingEnforcer):
         if rec.cgroup is None:
             rec.cgroup = path
             self.state.save()  # recorded before it exists: a crash now still removes it
+        self.leftovers.reused(path)  # a busy leftover of an earlier release, holding the task again
         fresh = not os.path.isdir(path)
         if fresh:
             try:

@@ -19,6 +19,7 @@ from cod.protocol.names import name_problem
 
 from . import cgroupfs
 from .errors import EnforceError
+from .leftovers import Leftovers
 from .movequeue import BackgroundMover, MoveJob
 from .pagemove import MoveReport, PageMover
 from .pinning import set_thread_affinity, thread_placements
@@ -56,6 +57,7 @@ class RecordingEnforcer:
         self.mems: dict[str, tuple[int, ...]] = {}
         # the masks each task had before its current one, newest last (decision 18)
         self.former: dict[str, list[tuple[int, ...]]] = {}
+        self.leftovers = Leftovers()  # task cgroups removed once their exiting tasks are gone
 
     # ---- recording -------------------------------------------------------
     def _record(self, task: str, pid: int) -> ProcRecord | None:
@@ -207,11 +209,8 @@ class RecordingEnforcer:
             pass
 
     def _remove_cgroup(self, path: str) -> bool:
-        mount = os.path.dirname(os.path.dirname(path))
-        try:
-            return cgroupfs.remove_cgroup(path, evict_to=mount)
-        except OSError as err:
-            raise EnforceError(f"cannot remove cgroup {path}: {err.strerror}") from err
+        """True if removed now; one still busy with an exiting task is removed later."""
+        return self.leftovers.remove(path, evict_to=os.path.dirname(os.path.dirname(path)))
 
     # ---- Enforcer interface ------------------------------------------------
     def apply(self, task: str, pids: Sequence[int], cpus: Sequence[int], mems: Sequence[int]) -> list[int]:
@@ -225,6 +224,7 @@ class RecordingEnforcer:
 
     def _apply(self, task: str, pids: Sequence[int], cpus: Sequence[int], mems: Sequence[int]) -> list[int]:
         check_task_name(task)
+        self.leftovers.retry()
         try:
             cpus = procfs.check_ids("cpus", cpus)
             mems = procfs.check_ids("mems", mems)
@@ -341,6 +341,7 @@ class RecordingEnforcer:
         """Undo everything done to ``task`` (its page move is cancelled); unknown tasks are
         ignored (idempotent)."""
         with self._lock:
+            self.leftovers.retry()
             self._cancel_move(task)
             rec = self.state.tasks.pop(task, None)
             self.cpus.pop(task, None)
@@ -377,10 +378,15 @@ class RecordingEnforcer:
 
     def close(self) -> None:
         """Clean exit: stop the page mover (cancels its moves, waits a bounded time), release
-        every task, then drop the state file and the lock."""
+        every task (one that fails does not keep the others), wait a bounded time for cgroups
+        still holding exiting tasks, then drop the state file and the lock."""
         self.background.close()
         for task in list(self.state.tasks):
-            self.release(task)
+            try:
+                self.release(task)
+            except EnforceError as err:
+                log.warning("releasing task %s at close: %s", task, err)
+        self.leftovers.drain()
         self._close_backend()
         if not self.state.stale:
             try:
