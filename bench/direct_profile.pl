@@ -15,12 +15,7 @@ writer, used when its C library is not built); query_goal_not_cached is a query 
 the thread has not kept (its first run, or another text).
 */
 
-:- use_module('../skb/prolog/cod_guard').
-:- use_module('../skb/prolog/cod_server').
-:- use_module('../skb/prolog/cod_apps').
-:- use_module('../skb/prolog/cod_direct').
-:- use_module('../skb/prolog/cod_pool').
-:- use_module('../skb/prolog/cod_limits').
+:- include(skb_modules).
 :- use_module(library(http/json)).
 :- use_module(library(memfile)).
 :- use_module(library(http/http_stream)).

@@ -11,13 +11,7 @@ the scheduler.  Prints the least of 5 rounds of CPU microseconds of this
 thread per request; with `profile`, SWI-Prolog's profile of one more round.
 */
 
-:- use_module('../skb/prolog/cod_guard').
-:- use_module('../skb/prolog/cod_server').
-:- use_module('../skb/prolog/cod_apps').
-:- use_module('../skb/prolog/cod_direct').
-:- use_module('../skb/prolog/cod_pool').
-:- use_module('../skb/prolog/cod_limits').
-:- use_module('../skb/prolog/cod_grants').
+:- include(skb_modules).
 :- use_module(library(memfile)).
 :- use_module(library(unix)).
 :- use_module(library(statistics)).
