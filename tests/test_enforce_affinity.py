@@ -14,7 +14,7 @@ import pytest
 from cod.facts.cpulist import parse_cpulist as parse_cpu_list
 from cod.rm.enforce import AffinityEnforcer, CpusetV1Enforcer, EnforceError, NullEnforcer, detect
 from cod.rm.enforce.pinning import own_placement, set_thread_affinity
-from cod.rm.enforce.cgroupfs import find_cpuset_mount, process_cgroup
+from cod.rm.enforce.cgroupfs import exiting, find_cpuset_mount, process_cgroup
 from cod.facts.procfs import cpus_allowed, pids, read_stat, thread_ids
 from helpers.cgroups import remove_tree
 from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
@@ -453,6 +453,43 @@ def test_a_cgroup_still_busy_at_release_is_removed_later_not_forgotten(state_dir
             os.rmdir(blocker)  # so that close can remove the last one
         enf.close()
     assert not os.path.exists(os.path.join(MOUNT.path, PARENT))
+
+
+
+HOLDER = "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096]); print('ready', flush=True); input()"
+
+
+@needs_root()
+@pytest.mark.skipif(MOUNT is None, reason="no cpuset controller mounted")
+def test_a_task_killed_just_before_its_release_leaves_no_cgroup(state_dir):
+    """The real case: a process that holds 256 MB takes tens of ms to exit after SIGKILL, and its
+    cgroup is busy all that time. The release does not wait for it (the daemon's event loop would);
+    close does, and nothing is left."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    enf = make("cpuset", state_dir)
+    try:
+        assert holder.stdout.readline() == "ready\n"
+        enf.apply("db", [holder.pid], [CPUS[-1]], [0])
+        holder.kill()
+        enf.release("db")
+    finally:
+        enf.close()
+        holder.kill()
+        holder.wait()
+    assert not os.path.exists(os.path.join(MOUNT.path, PARENT))
+
+def test_an_exiting_or_gone_task_is_one_that_leaves_its_cgroup_on_its_own(spawn):
+    live = spawn(1, "sleep")
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    zombie = subprocess.Popen(["true"])
+    try:
+        while read_stat(zombie.pid).state != "Z":
+            pass
+        assert not exiting(live.pid) and not exiting(os.getpid())
+        assert exiting(gone.pid) and exiting(zombie.pid)
+    finally:
+        zombie.wait()
 
 def other_cpusets_on_our_cpus() -> list[str]:
     """Top-level cpusets of others (other work, another test run) that hold some of our CPUs."""

@@ -95,8 +95,20 @@ def members(cgroup_dir: str) -> list[int]:
         return []
 
 
-def remove_cgroup(path: str, evict_to: str, tries: int = 50) -> bool:
-    """Move what is left in ``path`` to ``evict_to`` and remove it; False if it did not exist."""
+def exiting(ident: int) -> bool:
+    """True when task ``ident`` is exiting (``PF_EXITING``) or gone: it leaves its cgroup on its
+    own, once the kernel has run its exit, and no write can move it before that."""
+    try:
+        return bool(procfs.read_stat(ident).flags & procfs.PF_EXITING)
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+def remove_cgroup(path: str, evict_to: str, tries: int = 50, wait_for_exits: bool = True) -> bool:
+    """Move what is left in ``path`` to ``evict_to`` and remove it; False if it did not exist.
+
+    Tries ``tries`` times, 2 ms apart; with ``wait_for_exits`` False it gives up (EBUSY) as soon
+    as a task still in it is exiting, for a caller that removes it later (rm/enforce/leftovers.py)."""
     for _ in range(tries):
         try:
             os.rmdir(path)
@@ -106,11 +118,14 @@ def remove_cgroup(path: str, evict_to: str, tries: int = 50) -> bool:
         except OSError as err:
             if err.errno != errno.EBUSY:
                 raise
-        for m in members(path):
+        left = members(path)
+        for m in left:
             try:
                 move_into(evict_to, m)
             except OSError:
                 pass  # a kernel thread or an exiting task: retry the rmdir
+        if not wait_for_exits and any(exiting(m) for m in left):
+            break
         time.sleep(0.002)
     os.rmdir(path)  # raises EBUSY for the caller to report
     return True

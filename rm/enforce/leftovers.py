@@ -4,10 +4,11 @@ A process in the middle of its exit (``PF_EXITING``, from the signal that killed
 kernel's ``cgroup_exit``) stays a member of its cgroup, and a write that moves it elsewhere is
 accepted and ignored; the cgroup's ``rmdir`` answers EBUSY until the exit has run. Measured here
 (v1 cpuset, kernel 6.18, a process killed with SIGKILL): 73 ms for one holding 0.5 GB, 184 ms
-for 2 GB, and longer for one starved of CPU on a loaded machine. ``cgroupfs.remove_cgroup``
-tries for about 100 ms; a cgroup still busy after that is kept here and removed later (at the
-enforcer's next ``apply``/``release``, and at ``close``, which waits for it a bounded time)
-instead of being forgotten: a forgotten one stayed behind the daemon for good.
+for 2 GB, and longer for one starved of CPU on a loaded machine. Waiting for that in
+``release`` held the daemon's event loop (up to ~100 ms, then it gave up and the cgroup stayed
+behind the daemon for good). A cgroup that an exiting task keeps busy is kept here instead and
+removed later: at the enforcer's next ``apply``/``release``, and at ``close``, which waits for it
+a bounded time.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Leftovers:
 
         True if it was removed now, False if it did not exist or was kept."""
         try:
-            return cgroupfs.remove_cgroup(path, evict_to=evict_to)
+            return cgroupfs.remove_cgroup(path, evict_to=evict_to, wait_for_exits=False)
         except OSError as err:
             if err.errno != errno.EBUSY:
                 raise EnforceError(f"cannot remove cgroup {path}: {err.strerror}") from err
@@ -54,7 +55,7 @@ class Leftovers:
         done = []
         for path, evict_to in list(self.pending.items()):
             try:
-                removed = cgroupfs.remove_cgroup(path, evict_to=evict_to, tries=1)
+                removed = cgroupfs.remove_cgroup(path, evict_to=evict_to, tries=1, wait_for_exits=False)
             except OSError as err:
                 if err.errno == errno.EBUSY:
                     continue
