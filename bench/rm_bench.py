@@ -17,7 +17,7 @@
   (target: p99 <= 20 ms for ack_allocation, register_task, get_allocation, list_tasks);
 * during_recompute: query latency while another client keeps forcing recomputations.
 
-    python bench/rm_bench.py [--machine magnycours] [--quick] [--only listing1]
+    python bench/rm_bench.py [--machine magnycours] [--quick] [--only listing1|many]
 """
 
 from __future__ import annotations
@@ -361,8 +361,9 @@ def main() -> int:
     ap.add_argument("--machine", default=None,
                     help="plan for a reference machine instead of this one (default: this machine)")
     ap.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    ap.add_argument("--only", choices=["listing1"], default=None,
-                    help="run one section alone (listing1: connect -> first upcall, 100 registrations)")
+    ap.add_argument("--only", choices=["listing1", "many"], default=None,
+                    help="run one section alone (listing1: connect -> first upcall, 100 registrations; "
+                         "many: 200 clients x 500 queries through the daemon, then direct)")
     args = ap.parse_args()
     n = 1000 if args.quick else 10_000
     with tempfile.TemporaryDirectory(prefix="cod-rm-bench-") as tmpd:
@@ -374,6 +375,14 @@ def main() -> int:
             sock = str(tmp / "rm.sock")
             if args.only == "listing1":
                 results["listing1_connect_to_upcall"] = bench_listing1(sock, 20 if args.quick else 100)
+            if args.only == "many":
+                q = 50 if args.quick else 500
+                results["many_clients_through_rm"] = bench_many(sock, 200, q, direct=False)
+                results["many_clients_direct"] = bench_many(sock, 200, q, direct=True)
+                results["many_clients_direct_over_through_rm"] = round(
+                    results["many_clients_direct"]["throughput_qps"]  # type: ignore[index]
+                    / results["many_clients_through_rm"]["throughput_qps"], 2)  # type: ignore[index]
+            if args.only is not None:
                 results["loadavg_after"] = os.getloadavg()[0]
                 print(json.dumps(results, indent=1))
                 return 0
