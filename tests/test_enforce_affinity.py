@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from cod.facts.cpulist import parse_cpulist as parse_cpu_list
 from cod.rm.enforce import AffinityEnforcer, CpusetV1Enforcer, EnforceError, NullEnforcer, detect
 from cod.rm.enforce.pinning import own_placement, set_thread_affinity
 from cod.rm.enforce.cgroupfs import exiting, find_cpuset_mount, process_cgroup
+from cod.rm.enforce.leftovers import Leftovers
 from cod.facts.procfs import cpus_allowed, pids, read_stat, thread_ids
 from helpers.cgroups import remove_tree
 from helpers.procs import allowed_list, needs_root, spawn, spinner_cmd  # noqa: F401 (fixtures)
@@ -455,6 +457,21 @@ def test_a_cgroup_still_busy_at_release_is_removed_later_not_forgotten(state_dir
     assert not os.path.exists(os.path.join(MOUNT.path, PARENT))
 
 
+
+
+@needs_root()
+@pytest.mark.skipif(MOUNT is None, reason="no cpuset controller mounted")
+def test_a_leftover_still_busy_at_the_end_of_the_wait_is_named_and_left(caplog):
+    parent = os.path.join(MOUNT.path, PARENT)
+    cg = os.path.join(parent, "db")
+    os.makedirs(os.path.join(cg, "busy"))
+    leftovers = Leftovers()
+    assert leftovers.remove(cg, evict_to=MOUNT.path) is False and cg in leftovers.pending
+    with caplog.at_level(logging.WARNING, logger="cod.rm.enforce"):
+        assert leftovers.drain(wait_s=0.05) == []
+    assert f"left cgroup {cg} in place" in caplog.text and os.path.isdir(cg)
+    os.rmdir(os.path.join(cg, "busy"))
+    assert leftovers.retry() == [cg] and not os.path.exists(cg) and not leftovers.pending
 
 HOLDER = "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096]); print('ready', flush=True); input()"
 
