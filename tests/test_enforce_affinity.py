@@ -473,6 +473,33 @@ def test_a_leftover_still_busy_at_the_end_of_the_wait_is_named_and_left(caplog):
     os.rmdir(os.path.join(cg, "busy"))
     assert leftovers.retry() == [cg] and not os.path.exists(cg) and not leftovers.pending
 
+
+def test_close_releases_every_task_when_one_fails_and_names_each_failure(state_dir, spawn):
+    """Pointed at plain directories (not cgroupfs), every write 'succeeds' and no task cgroup can
+    be removed (its files stay). close() still gives each process its CPUs back and reports every
+    task that failed, not only the first (which used to end the loop)."""
+    from cod.rm.enforce import CpusetV2Enforcer
+    from cod.rm.enforce.cgroupfs import CpusetMount
+    fake = os.path.join(state_dir, "cgroup")
+    for d in (fake, os.path.join(fake, PARENT)):
+        os.makedirs(d)
+        open(os.path.join(d, "cgroup.subtree_control"), "w").close()
+        with open(os.path.join(d, "cgroup.controllers"), "w") as f:
+            f.write("cpuset\n")
+    a, b = spawn(1, "sleep"), spawn(1, "sleep")
+    before = allowed_list(a.pid), allowed_list(b.pid)
+    enf = CpusetV2Enforcer(CpusetMount(2, fake), os.path.join(state_dir, "state"), parent=PARENT)
+    for task, proc in (("a", a), ("b", b)):
+        os.makedirs(os.path.join(fake, PARENT, task))
+        for f in ("cpuset.cpus", "cpuset.mems", "cgroup.procs"):
+            open(os.path.join(fake, PARENT, task, f), "w").close()
+        enf.apply(task, [proc.pid], [CPUS[0]], [0])
+    assert allowed_list(a.pid) == allowed_list(b.pid) == str(CPUS[0])
+    with pytest.raises(EnforceError) as failed:
+        enf.close()
+    assert all(f"cannot remove cgroup {os.path.join(fake, PARENT, t)}" in str(failed.value) for t in ("a", "b"))
+    assert (allowed_list(a.pid), allowed_list(b.pid)) == before
+
 HOLDER = "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096]); print('ready', flush=True); input()"
 
 

@@ -378,14 +378,16 @@ class RecordingEnforcer:
 
     def close(self) -> None:
         """Clean exit: stop the page mover (cancels its moves, waits a bounded time), release
-        every task (one that fails does not keep the others), wait a bounded time for cgroups
-        still holding exiting tasks, then drop the state file and the lock."""
+        every task, wait a bounded time for cgroups still holding exiting tasks, then drop the
+        state file and the lock.  A task that could not be released does not keep the others
+        from it: its error is raised at the end (all of them, in one EnforceError)."""
         self.background.close()
+        errors: list[EnforceError] = []
         for task in list(self.state.tasks):
             try:
                 self.release(task)
             except EnforceError as err:
-                log.warning("releasing task %s at close: %s", task, err)
+                errors.append(err)
         self.leftovers.drain()
         self._close_backend()
         if not self.state.stale:
@@ -394,6 +396,8 @@ class RecordingEnforcer:
             except FileNotFoundError:
                 pass
         self.state.close()
+        if errors:
+            raise EnforceError("; ".join(map(str, errors))) from errors[0]
 
     def _close_backend(self) -> None:
         pass
