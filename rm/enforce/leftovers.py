@@ -43,7 +43,7 @@ class Leftovers:
             if err.errno != errno.EBUSY:
                 raise EnforceError(f"cannot remove cgroup {path}: {err.strerror}") from err
         self.pending[path] = evict_to
-        log.info("cgroup %s still holds an exiting task; it is removed once the exit is done", path)
+        log.info("cgroup %s is still busy (a task in it is exiting); it is removed later", path)
         return False
 
     def reused(self, path: str) -> None:
@@ -76,6 +76,6 @@ class Leftovers:
             done += self.retry()
         for path in self.pending:
             members = cgroupfs.members(path) if os.path.isdir(path) else []
-            log.warning("left cgroup %s in place: its tasks %s did not finish exiting in %g s",
-                        path, members, wait_s)
+            log.warning("left cgroup %s in place: still busy after %g s (tasks in it: %s)",
+                        path, wait_s, members)
         return done
