@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 from cod.facts import FactsError
-from cod.skb import SKB, SKBError
 
 from .errors import UserError
 from .facts_cmd import add_machine_source, machine_of
@@ -37,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cod.skb import SKB, SKBError  # the engine's drivers (~0.2 s), not needed to parse arguments
+
     try:
         machine = machine_of(args)
     except FactsError as err:
