@@ -108,7 +108,8 @@ def remove_cgroup(path: str, evict_to: str, tries: int = 50, wait_for_exits: boo
     """Move what is left in ``path`` to ``evict_to`` and remove it; False if it did not exist.
 
     Tries ``tries`` times, 2 ms apart; with ``wait_for_exits`` False it gives up (EBUSY) as soon
-    as a task still in it is exiting, for a caller that removes it later (rm/enforce/leftovers.py)."""
+    as what keeps it busy is nothing a move can fix (a task still in it is exiting, or no task is
+    left in it: a child cgroup), for a caller that removes it later (rm/enforce/leftovers.py)."""
     for _ in range(tries):
         try:
             os.rmdir(path)
@@ -124,7 +125,7 @@ def remove_cgroup(path: str, evict_to: str, tries: int = 50, wait_for_exits: boo
                 move_into(evict_to, m)
             except OSError:
                 pass  # a kernel thread or an exiting task: retry the rmdir
-        if not wait_for_exits and any(exiting(m) for m in left):
+        if not wait_for_exits and (not left or any(exiting(m) for m in left)):
             break
         time.sleep(0.002)
     os.rmdir(path)  # raises EBUSY for the caller to report
