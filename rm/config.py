@@ -9,6 +9,7 @@ from typing import Any
 
 from cod.protocol.errors import CodError
 from cod.protocol.paths import default_socket_path
+from cod.skb.session import EngineConfig
 
 # A task's priority lies in this range (higher: its cores up to max_cores come first).
 PRIORITY_MIN = -1000
@@ -57,24 +58,24 @@ class RMConfig:
     uid_max_clause_bytes: int = 8 << 20
     unprivileged_max_priority: int = 0   # highest task priority an unprivileged uid may give
     unprivileged_max_cores: int = 0      # most min_cores over a uid's tasks; 0: all CPUs but one
-    # ---- the SKB server ----
+    # ---- the SKB server: defaults are the engine's own (skb/session.py, EngineConfig) ----
     direct_channel: bool = True          # offer clients a direct query socket to the SKB
-    skb_memory_limit_bytes: int = 4 << 30  # the engine process as a whole (RLIMIT_AS); it restarts when hit
-    skb_thread_stack_bytes: int = 256 << 20  # stack limit of the engine's writer (the daemon's changes)
-    skb_query_stack_bytes: int = 4 << 20  # a query's stacks ...
-    skb_large_stack_bytes: int = 128 << 20  # ... or, holding one of skb_large_stacks grants, this
-    skb_large_stacks: int = 4            # (docs/design-rm.md, "Memory across the running queries")
-    skb_app_slots: int = 4               # queries of one application running at once
-    skb_max_threads: int = 256
-    skb_worker_idle_s: float = 10.0
-    skb_user: str = "cod-skb"            # the engine's unprivileged user when the daemon is root (else nobody)
-    skb_uid_threads: int = 16            # queries of one unprivileged uid running at once, both channels
-    skb_reserved_privileged_threads: int = 32  # of skb_max_threads, only for root and the daemon's user
-    direct_idle_timeout_s: float = 120.0  # a direct-channel connection that sends nothing this long is closed
-    direct_max_connections: int = 1024
-    direct_max_connections_per_uid: int = 64
-    direct_reserved_privileged_connections: int = 64  # of direct_max_connections
-    direct_max_pending: int = 64         # direct connections waiting for hello; a new one closes the oldest
+    skb_memory_limit_bytes: int = EngineConfig.memory_limit_bytes  # the whole engine (RLIMIT_AS); it restarts when hit
+    skb_thread_stack_bytes: int = EngineConfig.thread_stack_bytes  # the engine's writer (the daemon's changes)
+    skb_query_stack_bytes: int = EngineConfig.query_stack_bytes  # a query's stacks, or, holding one of
+    skb_large_stack_bytes: int = EngineConfig.large_stack_bytes  # skb_large_stacks grants, this
+    skb_large_stacks: int = EngineConfig.large_stacks  # (docs/design-rm.md, "Memory across the running queries")
+    skb_app_slots: int = EngineConfig.app_slots  # queries of one application running at once
+    skb_max_threads: int = EngineConfig.max_threads
+    skb_worker_idle_s: float = EngineConfig.worker_idle_s
+    skb_user: str = EngineConfig.user    # the engine's unprivileged user when the daemon is root (else nobody)
+    skb_uid_threads: int = EngineConfig.uid_threads  # queries of one unprivileged uid at once, both channels
+    skb_reserved_privileged_threads: int = EngineConfig.reserved_privileged_threads  # for root and the daemon
+    direct_idle_timeout_s: float = EngineConfig.direct_idle_timeout_s  # a silent direct connection is closed
+    direct_max_connections: int = EngineConfig.direct_max_connections
+    direct_max_connections_per_uid: int = EngineConfig.direct_max_connections_per_uid
+    direct_reserved_privileged_connections: int = EngineConfig.direct_reserved_privileged_connections
+    direct_max_pending: int = EngineConfig.direct_max_pending  # waiting for hello; a new one closes the oldest
     # ---- enforcement and monitoring (issue #6) ----
     enforce_mode: str = "auto"           # auto (sched_ext where scx_cod runs, else cpuset as root when mounted, else affinity) | affinity | cpuset | sched_ext | none
     state_dir: str | None = None         # records of what was pinned, for crash cleanup; None: /run/cod as root
