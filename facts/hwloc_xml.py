@@ -138,6 +138,59 @@ def load(path: str | Path) -> Machine:
     """Read an hwloc XML export (v1 or v2) into a Machine."""
     path = Path(path)
     reader = _Reader(path)
+    top = _topology_element(path)
+    version = top.get("version")
+    reader.v1 = version is None or version.startswith("1.")
+    reader.topology = top
+    machine_el = next((c for c in top if c.tag == "object"), None)
+    if machine_el is None:
+        raise FactsError(f"{path}: <topology> holds no <object>: empty or truncated export")
+    root = reader.build(machine_el, 0)
+    if not root.pus:
+        raise FactsError(f"{path}: topology has no PU object")
+    all_pus = root.pus
+    found = _sort_objects(reader, all_pus)
+
+    # Cores: Core objects; a PU without one is its own core (one id space either way).
+    core_of: dict[int, int] = {}
+    for pus in found.core_sets:
+        for pu in pus:
+            core_of[pu] = min(pus)
+    for pu in all_pus:
+        core_of.setdefault(pu, pu)
+
+    nodes = _numa_nodes(reader, root, found.node_objs, all_pus)
+    node_of: dict[int, int] = {}
+    for node in sorted(nodes, key=lambda n: n.id):
+        for cpu in node.cpus:
+            node_of.setdefault(cpu, node.id)
+
+    core_pus: dict[int, list[int]] = {}
+    for pu in sorted(all_pus):
+        core_pus.setdefault(core_of[pu], []).append(pu)
+
+    allowed_cpus, allowed_mems = _allowed_sets(reader, root, all_pus, {n.id for n in nodes})
+    memories = [n.memory_bytes for n in nodes]
+    total = sum(m for m in memories if m is not None) if memories and None not in memories \
+        else reader.int_attr(root, "local_memory")
+    pkg_of = found.pkg_of
+    return Machine(
+        name=path.name.removesuffix(".xml"),
+        source=f"hwloc:{path}",
+        packages=tuple(Package(p, tuple(sorted(c))) for p, c in sorted(found.packages.items())),
+        numa_nodes=tuple(sorted(nodes, key=lambda n: n.id)),
+        caches=tuple(sorted(found.caches, key=lambda c: (c.level, c.type, c.cpus))),
+        cores=tuple(Core(cid, pkg_of.get(pus[0]), node_of.get(pus[0]), tuple(pus))
+                    for cid, pus in sorted(core_pus.items())),
+        pus=tuple(PU(pu, core_of[pu], pkg_of.get(pu), node_of.get(pu)) for pu in sorted(all_pus)),
+        allowed_cpus=allowed_cpus,
+        allowed_mems=allowed_mems,
+        total_memory_bytes=total,
+    )
+
+
+def _topology_element(path: Path) -> ET.Element:
+    """The export's <topology> element; a FactsError that names the file for anything else."""
     try:
         tree = ET.parse(path)
     except FileNotFoundError:
@@ -152,89 +205,58 @@ def load(path: str | Path) -> Machine:
     if top.tag != "topology":
         raise FactsError(f"{path}: not an hwloc topology: root element is <{top.tag}>, "
                          "expected <topology>")
-    version = top.get("version")
-    reader.v1 = version is None or version.startswith("1.")
-    reader.topology = top
-    machine_el = next((c for c in top if c.tag == "object"), None)
-    if machine_el is None:
-        raise FactsError(f"{path}: <topology> holds no <object>: empty or truncated export")
-    root = reader.build(machine_el, 0)
-    if not root.pus:
-        raise FactsError(f"{path}: topology has no PU object")
-    all_pus = root.pus
+    return top
 
-    packages: dict[int, set[int]] = {}
-    pkg_of: dict[int, int] = {}
-    core_sets: list[set[int]] = []
-    cache_list: list[Cache] = []
-    node_objs: list[_Obj] = []
+
+@dataclass
+class _Found:
+    """The objects of an export that make up a Machine, sorted by kind."""
+
+    packages: dict[int, set[int]] = field(default_factory=dict)  # package id -> its PUs
+    pkg_of: dict[int, int] = field(default_factory=dict)  # PU -> package id
+    core_sets: list[set[int]] = field(default_factory=list)  # the PUs of each Core object
+    caches: list[Cache] = field(default_factory=list)
+    node_objs: list[_Obj] = field(default_factory=list)
+
+
+def _sort_objects(reader: _Reader, all_pus: set[int]) -> _Found:
+    found = _Found()
     for obj in reader.objects:
         if obj.type in ("Package", "Socket"):
             os_index = reader.int_attr(obj, "os_index")
             pid = os_index if os_index is not None else min(obj.pus, default=-1)
             if obj.pus:
-                packages.setdefault(pid, set()).update(obj.pus)
+                found.packages.setdefault(pid, set()).update(obj.pus)
                 for pu in obj.pus:
-                    pkg_of[pu] = pid
+                    found.pkg_of[pu] = pid
         elif obj.type == "Core":
             if obj.pus:
-                core_sets.append(obj.pus)
+                found.core_sets.append(obj.pus)
         elif obj.type == "NUMANode":
-            node_objs.append(obj)
+            found.node_objs.append(obj)
         else:
             kind = _cache_kind(reader, obj)
             if kind is not None:
                 # A CPU cache's CPUs are the PUs below it (cheaper than its cpuset).
                 cpus = sorted(obj.pus) if obj.pus else _cpus_of(reader, obj, all_pus)
                 if cpus:
-                    cache_list.append(Cache(kind[0], kind[1],
-                                            reader.int_attr(obj, "cache_size"), tuple(cpus)))
+                    found.caches.append(Cache(kind[0], kind[1],
+                                              reader.int_attr(obj, "cache_size"), tuple(cpus)))
+    return found
 
-    # Cores: Core objects; a PU without one is its own core (one id space either way).
-    core_of: dict[int, int] = {}
-    for pus in core_sets:
-        for pu in pus:
-            core_of[pu] = min(pus)
-    for pu in all_pus:
-        core_of.setdefault(pu, pu)
 
-    nodes = _numa_nodes(reader, root, node_objs, all_pus)
-    node_of: dict[int, int] = {}
-    for node in sorted(nodes, key=lambda n: n.id):
-        for cpu in node.cpus:
-            node_of.setdefault(cpu, node.id)
-
-    core_pus: dict[int, list[int]] = {}
-    for pu in sorted(all_pus):
-        core_pus.setdefault(core_of[pu], []).append(pu)
-
+def _allowed_sets(reader: _Reader, root: _Obj, all_pus: set[int],
+                  node_ids: set[int]) -> tuple[tuple[int, ...] | None, tuple[int, ...] | None]:
+    """The CPUs and nodes the export's allowed sets keep, None for a set that keeps them all."""
     allowed = reader.bitmap_attr(root, "allowed_cpuset")
     allowed_cpus = None
     if allowed is not None and not allowed[1] and not all_pus <= allowed[0]:
         allowed_cpus = tuple(sorted(allowed[0] & all_pus))
     allowed_nodes = reader.bitmap_attr(root, "allowed_nodeset")
-    node_ids = {n.id for n in nodes}
     allowed_mems = None
     if allowed_nodes is not None and not allowed_nodes[1] and not node_ids <= allowed_nodes[0]:
         allowed_mems = tuple(sorted(allowed_nodes[0] & node_ids))
-
-    memories = [n.memory_bytes for n in nodes]
-    total = sum(m for m in memories if m is not None) if memories and None not in memories \
-        else reader.int_attr(root, "local_memory")
-
-    return Machine(
-        name=path.name.removesuffix(".xml"),
-        source=f"hwloc:{path}",
-        packages=tuple(Package(p, tuple(sorted(c))) for p, c in sorted(packages.items())),
-        numa_nodes=tuple(sorted(nodes, key=lambda n: n.id)),
-        caches=tuple(sorted(cache_list, key=lambda c: (c.level, c.type, c.cpus))),
-        cores=tuple(Core(cid, pkg_of.get(pus[0]), node_of.get(pus[0]), tuple(pus))
-                    for cid, pus in sorted(core_pus.items())),
-        pus=tuple(PU(pu, core_of[pu], pkg_of.get(pu), node_of.get(pu)) for pu in sorted(all_pus)),
-        allowed_cpus=allowed_cpus,
-        allowed_mems=allowed_mems,
-        total_memory_bytes=total,
-    )
+    return allowed_cpus, allowed_mems
 
 
 def _cpus_of(reader: _Reader, obj: _Obj, all_pus: set[int]) -> list[int]:

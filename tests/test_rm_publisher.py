@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 
 from cod.facts import machines
 from test_rm_support import RawConn
@@ -91,8 +92,6 @@ def test_a_registration_and_an_acknowledgement_during_its_write_number_every_epo
     out by the publisher (Publisher.join).  An acknowledgement that moves cores while that write is
     in flight gets the next epoch number; the registration is then published again behind it.  No
     epoch number is written twice, they only grow, and the SKB ends with the publisher's epoch."""
-    import re
-
     from cod.rm.config import build_config
     from cod.rm.daemon import Daemon
     from cod.rm.enforce import NullEnforcer

@@ -85,97 +85,107 @@ def test_session_against_a_daemon(tmp_path: Path, daemon_with_tasks, sleepers) -
     term = start_shell(tmp_path, "--socket", str(d.path))
     try:
         assert "connected to the COD daemon on" in term.text() and "machine magnycours" in term.text()
-
-        # A query, stepped through one answer at a time: ';' for the next, Enter stops.
-        term.send("task(T, Pid, App).\r")
-        term.wait(r"(?m)^App = db$")  # the first answer, waiting for a key
-        assert re.search(r"(?m)^T = scan,$", term.text())
-        term.send(";")
-        term.wait(r"(?m)^App = db ;$")
-        term.wait(r"(?m)^App = olap\.$")  # the last answer ends with a full stop by itself
-        term.wait_prompt()
-        term.send("member(Z, [p1, p2, p3]).\r")
-        term.wait(r"(?m)^Z = p1$")
-        term.send("\r")
-        term.wait(r"(?m)^Z = p1 \.$")  # stopped: SWI-Prolog writes ' .'
-        term.wait_prompt()
-        assert "Z = p2" not in term.text()
-        term.send("member(q, [a]).\r")
-        term.wait(r"(?m)^false\.$")
-        term.wait_prompt()
-
-        # The allocation: the Figure 4 matrix, as the daemon has it, in colour.
-        alloc = {t: clients[i].get_allocation(t)["cores"] for i, t in enumerate(("scan", "olap1"))}
-        term.send(":allocation\r")
-        term.wait(r"X held by the row's task")
-        term.wait_prompt()
-        lines = term.lines()
-        assert any(re.match(r"NUMA\s+\| node 0\s+\| node 1", line) for line in lines)
-        assert any(re.match(r"L3\s+\| L3 0-5\s+\| L3 6-11", line) for line in lines)
-        for task, cores in alloc.items():
-            rows = [i for i, line in enumerate(lines) if line.startswith(task + " ") and "|" in line]
-            cpu_rows = [i for i, line in enumerate(lines) if line.startswith("CPU ")]
-            assert len(rows) == len(cpu_rows) >= 1  # one row per folded block
-            held = []
-            for r, c in zip(rows, cpu_rows):
-                for m in re.finditer(r"X", lines[r]):
-                    held.append(int(re.match(r"\s*(\d+)", lines[c][m.start() - 1:m.end()]).group(1)))
-                    x = m.start()
-                    fg, bold = term.style_at(r, x)
-                    assert fg != "default" and bold, (task, fg)  # coloured on a terminal
-            assert sorted(held) == sorted(cores), task
-
-        # Why a task has its CPUs.
-        term.send(":explain olap1\r")
-        term.wait(r"What bounds it:")
-        term.wait_prompt()
-        screen = term.text()
-        assert "task olap1 (application olap" in screen
-        assert re.search(r"NUMA nodes? [\d, and]+ ha(s|ve) no room for another 8 GiB working set", screen)
-        assert "Task scan holds CPUs" in screen
-
-        # A syntax error: a sentence and a caret under the column.
-        term.send("foo(a b).\r")
-        term.wait(r"Error: Syntax error at line 1, column 7: operator expected\.")
-        term.wait_prompt()
-        lines = term.lines()
-        i = max(i for i, line in enumerate(lines) if line.strip() == "foo(a b).")
-        assert lines[i + 1].index("^") == lines[i].index("b")
-
-        # An unsafe goal names the predicate.
-        term.send("shell(ls).\r")
-        term.wait(r"Error: Unsafe goal: calling shell/2 is not allowed")
-        term.wait_prompt()
-
-        # Ctrl-C on an endless query: the daemon cancels it, and the shell stays.
-        term.send("repeat, sleep(1), fail.\r")
-        time.sleep(1.0)
-        started = time.monotonic()
-        term.interrupt()
-        term.wait(r"Query cancelled\.")
-        term.wait_prompt()
-        term.send("get_nr_cores(Ncpus).\r")
-        term.wait(r"Ncpus = 48\.")
-        term.wait_prompt()
-        # The query's time limit is 5 s: it was stopped, not waited out.
-        assert time.monotonic() - started < 3.0
-
-        # Watch: a task arrives while watching.
-        term.send(":watch\r")
-        term.wait(r"Watching events; Ctrl-C stops\.")
-        late = Client(str(d.path), app="late")
-        clients.append(late)
-        late.register_task("late", pid=sleepers(), min_cores=1, max_cores=2)
-        term.wait(r"\d\d:\d\d:\d\d\.\d{3} task_arrived\s+late \(application late, pid \d+\)")
-        term.wait(r"\d\d:\d\d:\d\d\.\d{3} allocation_changed late epoch \d+: CPUs [\d,-]+")
-        term.interrupt()
-        term.wait_prompt()
-
-        # Quit.
+        _answers_one_at_a_time(term)
+        _allocation_matrix_in_colour(term, clients)
+        _explain_and_errors(term)
+        _ctrl_c_cancels_an_endless_query(term)
+        _watch_sees_a_task_arrive(term, d, clients, sleepers)
         term.send(":quit\r")
         assert term.wait_exit() == 0
     finally:
         term.close()
+
+
+def _answers_one_at_a_time(term) -> None:
+    """A query, stepped through one answer at a time: ';' for the next, Enter stops."""
+    term.send("task(T, Pid, App).\r")
+    term.wait(r"(?m)^App = db$")  # the first answer, waiting for a key
+    assert re.search(r"(?m)^T = scan,$", term.text())
+    term.send(";")
+    term.wait(r"(?m)^App = db ;$")
+    term.wait(r"(?m)^App = olap\.$")  # the last answer ends with a full stop by itself
+    term.wait_prompt()
+    term.send("member(Z, [p1, p2, p3]).\r")
+    term.wait(r"(?m)^Z = p1$")
+    term.send("\r")
+    term.wait(r"(?m)^Z = p1 \.$")  # stopped: SWI-Prolog writes ' .'
+    term.wait_prompt()
+    assert "Z = p2" not in term.text()
+    term.send("member(q, [a]).\r")
+    term.wait(r"(?m)^false\.$")
+    term.wait_prompt()
+
+
+def _allocation_matrix_in_colour(term, clients) -> None:
+    """The allocation: the Figure 4 matrix, as the daemon has it, in colour."""
+    alloc = {t: clients[i].get_allocation(t)["cores"] for i, t in enumerate(("scan", "olap1"))}
+    term.send(":allocation\r")
+    term.wait(r"X held by the row's task")
+    term.wait_prompt()
+    lines = term.lines()
+    assert any(re.match(r"NUMA\s+\| node 0\s+\| node 1", line) for line in lines)
+    assert any(re.match(r"L3\s+\| L3 0-5\s+\| L3 6-11", line) for line in lines)
+    for task, cores in alloc.items():
+        rows = [i for i, line in enumerate(lines) if line.startswith(task + " ") and "|" in line]
+        cpu_rows = [i for i, line in enumerate(lines) if line.startswith("CPU ")]
+        assert len(rows) == len(cpu_rows) >= 1  # one row per folded block
+        held = []
+        for r, c in zip(rows, cpu_rows):
+            for m in re.finditer(r"X", lines[r]):
+                held.append(int(re.match(r"\s*(\d+)", lines[c][m.start() - 1:m.end()]).group(1)))
+                x = m.start()
+                fg, bold = term.style_at(r, x)
+                assert fg != "default" and bold, (task, fg)  # coloured on a terminal
+        assert sorted(held) == sorted(cores), task
+
+
+def _explain_and_errors(term) -> None:
+    """Why a task has its CPUs; a syntax error with a caret under its column; an unsafe goal named."""
+    term.send(":explain olap1\r")
+    term.wait(r"What bounds it:")
+    term.wait_prompt()
+    screen = term.text()
+    assert "task olap1 (application olap" in screen
+    assert re.search(r"NUMA nodes? [\d, and]+ ha(s|ve) no room for another 8 GiB working set", screen)
+    assert "Task scan holds CPUs" in screen
+
+    term.send("foo(a b).\r")
+    term.wait(r"Error: Syntax error at line 1, column 7: operator expected\.")
+    term.wait_prompt()
+    lines = term.lines()
+    i = max(i for i, line in enumerate(lines) if line.strip() == "foo(a b).")
+    assert lines[i + 1].index("^") == lines[i].index("b")
+
+    term.send("shell(ls).\r")
+    term.wait(r"Error: Unsafe goal: calling shell/2 is not allowed")
+    term.wait_prompt()
+
+
+def _ctrl_c_cancels_an_endless_query(term) -> None:
+    """Ctrl-C on an endless query: the daemon cancels it, and the shell stays."""
+    term.send("repeat, sleep(1), fail.\r")
+    time.sleep(1.0)
+    started = time.monotonic()
+    term.interrupt()
+    term.wait(r"Query cancelled\.")
+    term.wait_prompt()
+    term.send("get_nr_cores(Ncpus).\r")
+    term.wait(r"Ncpus = 48\.")
+    term.wait_prompt()
+    # The query's time limit is 5 s: it was stopped, not waited out.
+    assert time.monotonic() - started < 3.0
+
+
+def _watch_sees_a_task_arrive(term, d, clients, sleepers) -> None:
+    term.send(":watch\r")
+    term.wait(r"Watching events; Ctrl-C stops\.")
+    late = Client(str(d.path), app="late")
+    clients.append(late)
+    late.register_task("late", pid=sleepers(), min_cores=1, max_cores=2)
+    term.wait(r"\d\d:\d\d:\d\d\.\d{3} task_arrived\s+late \(application late, pid \d+\)")
+    term.wait(r"\d\d:\d\d:\d\d\.\d{3} allocation_changed late epoch \d+: CPUs [\d,-]+")
+    term.interrupt()
+    term.wait_prompt()
 
 
 def test_lost_daemon_is_said_and_reconnected(tmp_path: Path) -> None:
