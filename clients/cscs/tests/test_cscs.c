@@ -403,6 +403,93 @@ static size_t layout_total(struct engine *e, size_t *nparts)
     return t;
 }
 
+/* Batches, interleaved with every change of cores this machine allows: each answer and
+ * the table after each change checked against the reference. */
+static void check_batches_across_core_changes(struct engine *e, struct reference *ref, const int *allowed,
+                                              size_t nallowed, size_t n)
+{
+    struct batch b;
+    struct batch_output out = { 0 };
+    struct batch_stats st;
+    struct reconfig_stats rs;
+    char err[256];
+    size_t np;
+    uint64_t rng = 5;
+    batch_init(&b);
+    int ok = 1;
+    for (int step = 0; step < 8; step++) {
+        random_batch(&b, &rng, engine_nkeys(e), 40, 10);
+        ok &= engine_run_batch(e, &b, &out, &st, err, sizeof err) == 0;
+        ref_apply(ref, &b);
+        ok &= answer_matches(ref, &b, &out);
+        int one = allowed[(size_t)step % nallowed];
+        if (step % 2 == 0) {
+            CHECK(engine_set_cores(e, &one, 1, &rs, err, sizeof err) == 0);
+            CHECK(engine_ncores(e) == 1);
+        } else {
+            CHECK(engine_set_cores(e, allowed, nallowed, &rs, err, sizeof err) == 0);
+            CHECK(engine_ncores(e) == nallowed);
+        }
+        ok &= layout_total(e, &np) == n;
+        ok &= engine_holds(e, ref);
+    }
+    CHECK(ok);
+    batch_free(&b);
+    batch_output_free(&out);
+}
+
+/* An explicit, uneven plan over the first two partitions (needs two cores). */
+static void check_uneven_plan(struct engine *e, const struct reference *ref)
+{
+    struct plan p;
+    struct reconfig_stats rs;
+    struct plan_part *cur;
+    size_t ncur;
+    char text[128], err[256];
+    engine_layout(e, &cur, &ncur);
+    snprintf(text, sizeof text, "%d:%zu,%d:%zu moves %d>%d:%zu", cur[0].cpu, cur[0].tuples + cur[1].tuples - 7,
+             cur[1].cpu, (size_t)7, cur[1].cpu, cur[0].cpu, cur[1].tuples - 7);
+    free(cur);
+    CHECK(plan_parse(text, &p, err, sizeof err) == 0);
+    CHECK(engine_apply_plan(e, &p, &rs, err, sizeof err) == 0);
+    plan_free(&p);
+    CHECK(engine_holds(e, ref));
+}
+
+/* Refused changes leave everything as it was. */
+static void check_refused_changes(struct engine *e, const struct reference *ref)
+{
+    struct plan p;
+    struct reconfig_stats rs;
+    char err[256];
+    size_t before = engine_ncores(e);
+    int nowhere = 4095;
+    err[0] = '\0';
+    CHECK(engine_set_cores(e, &nowhere, 1, &rs, err, sizeof err) == -1 && strstr(err, "CPU 4095"));
+    CHECK(plan_parse("0:5", &p, err, sizeof err) == 0);
+    CHECK(engine_apply_plan(e, &p, &rs, err, sizeof err) == -1);
+    plan_free(&p);
+    CHECK(engine_ncores(e) == before && engine_holds(e, ref));
+}
+
+/* Bad configurations: each a variant of a good one. */
+static void check_bad_configs(const struct engine_config *cfg)
+{
+    struct engine *e;
+    char err[256];
+    int nowhere = 4095;
+    struct engine_config bad = *cfg;
+    bad.cpus = &nowhere;
+    bad.ncpus = 1;
+    CHECK(engine_create(&bad, &e, err, sizeof err) == -1 && e == NULL && strstr(err, "CPU 4095"));
+    bad = *cfg;
+    bad.ntuples = 0;
+    CHECK(engine_create(&bad, &e, err, sizeof err) == -1);
+    bad = *cfg;
+    bad.ncpus = 0;
+    CHECK(engine_create(&bad, &e, err, sizeof err) == -1);
+}
+
 static void test_engine(void)
 {
     int *allowed;
@@ -423,69 +510,12 @@ static void test_engine(void)
     }
     CHECK(engine_ncores(e) == nallowed && layout_total(e, &np) == n);
     CHECK(engine_holds(e, &ref));
-    struct batch b;
-    struct batch_output out = { 0 };
-    struct batch_stats st;
-    struct reconfig_stats rs;
-    uint64_t rng = 5;
-    batch_init(&b);
-    int ok = 1;
-    /* Batches, interleaved with every change of cores this machine allows. */
-    for (int step = 0; step < 8; step++) {
-        random_batch(&b, &rng, engine_nkeys(e), 40, 10);
-        ok &= engine_run_batch(e, &b, &out, &st, err, sizeof err) == 0;
-        ref_apply(&ref, &b);
-        ok &= answer_matches(&ref, &b, &out);
-        int one = allowed[(size_t)step % nallowed];
-        if (step % 2 == 0) {
-            CHECK(engine_set_cores(e, &one, 1, &rs, err, sizeof err) == 0);
-            CHECK(engine_ncores(e) == 1);
-        } else {
-            CHECK(engine_set_cores(e, allowed, nallowed, &rs, err, sizeof err) == 0);
-            CHECK(engine_ncores(e) == nallowed);
-        }
-        ok &= layout_total(e, &np) == n;
-        ok &= engine_holds(e, &ref);
-    }
-    CHECK(ok);
-    /* An explicit, uneven plan. */
-    struct plan p;
-    char text[128];
-    if (nallowed >= 2) {
-        struct plan_part *cur;
-        size_t ncur;
-        engine_layout(e, &cur, &ncur);
-        snprintf(text, sizeof text, "%d:%zu,%d:%zu moves %d>%d:%zu", cur[0].cpu, cur[0].tuples + cur[1].tuples - 7,
-                 cur[1].cpu, (size_t)7, cur[1].cpu, cur[0].cpu, cur[1].tuples - 7);
-        free(cur);
-        CHECK(plan_parse(text, &p, err, sizeof err) == 0);
-        CHECK(engine_apply_plan(e, &p, &rs, err, sizeof err) == 0);
-        plan_free(&p);
-        CHECK(engine_holds(e, &ref));
-    }
-    /* Refused changes leave everything as it was. */
-    size_t before = engine_ncores(e);
-    int nowhere = 4095;
-    err[0] = '\0';
-    CHECK(engine_set_cores(e, &nowhere, 1, &rs, err, sizeof err) == -1 && strstr(err, "CPU 4095"));
-    CHECK(plan_parse("0:5", &p, err, sizeof err) == 0);
-    CHECK(engine_apply_plan(e, &p, &rs, err, sizeof err) == -1);
-    plan_free(&p);
-    CHECK(engine_ncores(e) == before && engine_holds(e, &ref));
+    check_batches_across_core_changes(e, &ref, allowed, nallowed, n);
+    if (nallowed >= 2)
+        check_uneven_plan(e, &ref);
+    check_refused_changes(e, &ref);
     engine_destroy(e);
-    /* Bad configurations. */
-    struct engine_config bad = cfg;
-    bad.cpus = &nowhere;
-    bad.ncpus = 1;
-    CHECK(engine_create(&bad, &e, err, sizeof err) == -1 && e == NULL && strstr(err, "CPU 4095"));
-    bad = cfg;
-    bad.ntuples = 0;
-    CHECK(engine_create(&bad, &e, err, sizeof err) == -1);
-    bad = cfg;
-    bad.ncpus = 0;
-    CHECK(engine_create(&bad, &e, err, sizeof err) == -1);
-    batch_free(&b);
-    batch_output_free(&out);
+    check_bad_configs(&cfg);
     free(ref.rows);
     free(allowed);
 }
