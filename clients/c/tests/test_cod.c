@@ -552,7 +552,100 @@ static void peer_send(int fd, const char *fmt, ...)
     cod_buf_free(&b);
 }
 
-/* Serves one connection of either side until it closes. */
+/* The RM side's hello: the direct channel offered (at the SKB's path, or at one that does
+ * not exist), or not offered at all. */
+static void peer_hello_rm(peer *p, int fd, long long id)
+{
+    if (p->mode == PEER_NO_SKB)
+        peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"protocol\":1,\"app\":\"fake\"}}", id);
+    else
+        peer_send(fd,
+                  "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"protocol\":1,\"app\":\"fake\","
+                  "\"max_frame_bytes\":1048576,\"skb\":{\"socket\":\"%s\",\"token\":\"c0ffee\","
+                  "\"protocol\":1}}}",
+                  id, p->mode == PEER_SKB_MISSING ? "/nonexistent/skb.sock" : p->skb_path);
+}
+
+/* The SKB side's hello: counted; the token accepted unless the mode refuses it. */
+static void peer_hello_skb(peer *p, int fd, long long id, json_t *params)
+{
+    p->skb_hellos++;
+    const char *token = json_string_value(json_object_get(params, "token"));
+    if (p->mode == PEER_SKB_REFUSES || !token || strcmp(token, "c0ffee") != 0)
+        peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"error\":{\"code\":-32010,\"message\":\"bad token\"}}",
+                  id);
+    else
+        peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"app\":\"fake\"}}", id);
+}
+
+/* execute_query on either side, counted there: answered with the side's name after a frame
+ * that is not JSON.  On the SKB side the goal "silent" is never answered and "slow" is
+ * answered after 0.4 s.  -1 when the mode closes the SKB side instead of answering. */
+static int peer_query(peer *p, int fd, int skb_side, long long id, json_t *params)
+{
+    if (skb_side) {
+        p->skb_queries++;
+        if (p->mode == PEER_SKB_CLOSES)
+            return -1;
+        const char *goal = json_string_value(json_object_get(params, "goal"));
+        if (goal && strcmp(goal, "silent") == 0) /* never answered */
+            return 0;
+        if (goal && strcmp(goal, "slow") == 0)
+            sleep_ms(400);
+    } else {
+        p->rm_queries++;
+    }
+    /* A frame that is not JSON first: the client skips it. */
+    peer_send(fd, "garbage");
+    peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"solutions\":[{\"Via\":\"%s\"}]}}", id,
+              skb_side ? "skb" : "rm");
+    return 0;
+}
+
+/* batch: an empty result for each call. */
+static void peer_batch(int fd, long long id, json_t *params)
+{
+    cod_buf out = {0};
+    size_t calls = json_array_size(json_object_get(params, "calls"));
+    for (size_t k = 0; k < calls; k++)
+        cod_buf_puts(&out, k ? ",{\"result\":{}}" : "{\"result\":{}}");
+    peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"results\":[%s]}}", id, out.p ? out.p : "");
+    cod_buf_free(&out);
+}
+
+/* One request, answered as its method and the side ask (a message without a method is
+ * ignored); -1 when the connection is to be closed instead. */
+static int peer_answer(peer *p, int fd, int skb_side, const cod_msg *m)
+{
+    const char *method = json_string_value(json_object_get(m->root, "method"));
+    long long id = json_integer_value(json_object_get(m->root, "id"));
+    json_t *params = json_object_get(m->root, "params");
+    if (!method)
+        return 0;
+    if (strcmp(method, "hello") == 0 && !skb_side) {
+        peer_hello_rm(p, fd, id);
+    } else if (strcmp(method, "hello") == 0) {
+        peer_hello_skb(p, fd, id, params);
+    } else if (strcmp(method, "execute_query") == 0) {
+        return peer_query(p, fd, skb_side, id, params);
+    } else if (strcmp(method, "quota") == 0) {
+        peer_send(fd,
+                  "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"error\":{\"code\":-32077,\"message\":\"over the quota "
+                  "of 5 tasks\",\"data\":{\"quota\":5}}}",
+                  id);
+    } else if (strcmp(method, "batch") == 0) {
+        peer_batch(fd, id, params);
+    } else if (strcmp(method, "huge") == 0) {
+        unsigned char h[4] = {0x40, 0, 0, 0}; /* a 1 GiB frame announced */
+        ssize_t k = send(fd, h, 4, MSG_NOSIGNAL);
+        (void)k;
+    } else {
+        peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{}}", id);
+    }
+    return 0;
+}
+
+/* Serves one connection of either side until it closes (or peer_answer closes it). */
 static void peer_serve(peer *p, int fd, int skb_side)
 {
     cod_reader r;
@@ -565,72 +658,10 @@ static void peer_serve(peer *p, int fd, int skb_side)
         cod_reader_feed(&r, buf, (size_t)n);
         cod_msg m;
         while (cod_reader_next(&r, &m) == 1) {
-            const char *method = json_string_value(json_object_get(m.root, "method"));
-            long long id = json_integer_value(json_object_get(m.root, "id"));
-            json_t *params = json_object_get(m.root, "params");
-            if (!method) {
-                cod_msg_release(&m);
-                continue;
-            }
-            if (strcmp(method, "hello") == 0 && !skb_side) {
-                if (p->mode == PEER_NO_SKB)
-                    peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"protocol\":1,\"app\":\"fake\"}}", id);
-                else
-                    peer_send(fd,
-                              "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"protocol\":1,\"app\":\"fake\","
-                              "\"max_frame_bytes\":1048576,\"skb\":{\"socket\":\"%s\",\"token\":\"c0ffee\","
-                              "\"protocol\":1}}}",
-                              id, p->mode == PEER_SKB_MISSING ? "/nonexistent/skb.sock" : p->skb_path);
-            } else if (strcmp(method, "hello") == 0) {
-                p->skb_hellos++;
-                const char *token = json_string_value(json_object_get(params, "token"));
-                if (p->mode == PEER_SKB_REFUSES || !token || strcmp(token, "c0ffee") != 0)
-                    peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"error\":{\"code\":-32010,\"message\":\"bad token\"}}",
-                              id);
-                else
-                    peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"app\":\"fake\"}}", id);
-            } else if (strcmp(method, "execute_query") == 0) {
-                if (skb_side) {
-                    p->skb_queries++;
-                    if (p->mode == PEER_SKB_CLOSES) {
-                        cod_msg_release(&m);
-                        goto out;
-                    }
-                    const char *goal = json_string_value(json_object_get(params, "goal"));
-                    if (goal && strcmp(goal, "silent") == 0) { /* never answered */
-                        cod_msg_release(&m);
-                        continue;
-                    }
-                    if (goal && strcmp(goal, "slow") == 0)
-                        sleep_ms(400);
-                } else {
-                    p->rm_queries++;
-                }
-                /* A frame that is not JSON first: the client skips it. */
-                peer_send(fd, "garbage");
-                peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"solutions\":[{\"Via\":\"%s\"}]}}", id,
-                          skb_side ? "skb" : "rm");
-            } else if (strcmp(method, "quota") == 0) {
-                peer_send(fd,
-                          "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"error\":{\"code\":-32077,\"message\":\"over the quota "
-                          "of 5 tasks\",\"data\":{\"quota\":5}}}",
-                          id);
-            } else if (strcmp(method, "batch") == 0) {
-                cod_buf out = {0};
-                size_t calls = json_array_size(json_object_get(params, "calls"));
-                for (size_t k = 0; k < calls; k++)
-                    cod_buf_puts(&out, k ? ",{\"result\":{}}" : "{\"result\":{}}");
-                peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"results\":[%s]}}", id,
-                          out.p ? out.p : "");
-                cod_buf_free(&out);
-            } else if (strcmp(method, "huge") == 0) {
-                unsigned char h[4] = {0x40, 0, 0, 0}; /* a 1 GiB frame announced */
-                ssize_t k = send(fd, h, 4, MSG_NOSIGNAL);
-                (void)k;
-            } else {
-                peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{}}", id);
-            }
+            int close_now = peer_answer(p, fd, skb_side, &m) != 0;
             cod_msg_release(&m);
+            if (close_now)
+                goto out;
         }
     }
 out:
