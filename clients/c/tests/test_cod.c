@@ -749,11 +749,11 @@ static const char *via(cod_conn *c)
     return out;
 }
 
-static void test_direct_channel(const char *dir)
+/* The channel not offered, offered but unreachable, or its token refused (-32010): queries
+ * go through the RM. */
+static void direct_channel_fallbacks(const char *dir)
 {
-    current = "direct channel";
     peer p;
-    int rc;
     /* No channel offered: queries go through the RM. */
     peer_start(&p, PEER_NO_SKB, dir);
     cod_conn *c = cod_connect(p.rm_path, NULL);
@@ -772,9 +772,17 @@ static void test_direct_channel(const char *dir)
     CHECK(c && !cod_is_direct(c) && strcmp(via(c), "rm") == 0 && p.skb_hellos == 1, "token refused");
     cod_free(c);
     peer_stop(&p);
+}
+
+/* The channel open: what goes where, an unknown error code, timeouts in recv(), and an
+ * oversized frame. */
+static void direct_channel_open(const char *dir)
+{
+    peer p;
+    int rc;
     /* Accepted: queries go to the SKB; the rest still to the RM; switched off on demand. */
     peer_start(&p, PEER_SKB_OK, dir);
-    c = cod_connect(p.rm_path, NULL);
+    cod_conn *c = cod_connect(p.rm_path, NULL);
     CHECK(c && cod_is_direct(c), "direct channel open");
     CHECK(strcmp(via(c), "skb") == 0 && strcmp(via(c), "skb") == 0 && p.skb_queries == 2 && p.rm_queries == 0,
           "queries go straight to the SKB");
@@ -812,29 +820,48 @@ static void test_direct_channel(const char *dir)
     CHECK(rc == 0 && cod_is_direct(c), "reconnects both channels: %d %s", rc, cod_errstr(c));
     cod_free(c);
     peer_stop(&p);
-    /* A socket path longer than sun_path (108 bytes): reached through /proc/self/fd. */
+}
+
+/* A socket path longer than sun_path (108 bytes): reached through /proc/self/fd. */
+static void direct_channel_long_paths(const char *dir)
+{
+    peer p;
     cod_buf longdir = {0};
     cod_buf_printf(&longdir, "%s/a-directory-whose-name-is-long-enough-to-push-the-socket-path-past-the-"
                              "hundred-and-eight-bytes-of-sun-path", dir);
     mkdir(longdir.p, 0700);
     peer_start(&p, PEER_SKB_OK, longdir.p);
-    c = cod_connect(p.rm_path, NULL);
+    cod_conn *c = cod_connect(p.rm_path, NULL);
     CHECK(strlen(p.rm_path) > 108 && c && cod_is_direct(c) && strcmp(via(c), "skb") == 0, "long paths: %s",
           c ? "" : cod_connect_error());
     cod_free(c);
     peer_stop(&p);
     rmdir(longdir.p);
     cod_buf_free(&longdir);
-    /* The SKB side closes mid-query: the query is answered through the RM, and the direct
-     * channel is tried again at the next reconnection. */
+}
+
+/* The SKB side closes mid-query: the query is answered through the RM, and the direct
+ * channel is tried again at the next reconnection. */
+static void direct_channel_skb_closes(const char *dir)
+{
+    peer p;
     peer_start(&p, PEER_SKB_CLOSES, dir);
-    c = cod_connect(p.rm_path, NULL);
+    cod_conn *c = cod_connect(p.rm_path, NULL);
     CHECK(c && cod_is_direct(c), "direct channel open");
     CHECK(strcmp(via(c), "rm") == 0 && p.skb_queries == 1 && p.rm_queries == 1, "fell back to the RM");
     CHECK(!cod_is_direct(c) && strcmp(via(c), "rm") == 0 && p.skb_queries == 1, "stays on the RM");
     CHECK(cod_reconnect(c) == 0 && cod_is_direct(c), "direct again after reconnecting");
     cod_free(c);
     peer_stop(&p);
+}
+
+static void test_direct_channel(const char *dir)
+{
+    current = "direct channel";
+    direct_channel_fallbacks(dir);
+    direct_channel_open(dir);
+    direct_channel_long_paths(dir);
+    direct_channel_skb_closes(dir);
 }
 
 /* ===================================================================================== */
