@@ -1201,11 +1201,10 @@ static void test_subscriptions(void)
     cod_free(c);
 }
 
-static void test_tasks(void)
+/* t_db registered with a description of every kind: its first allocation comes with the
+ * reply and as an upcall, its fact and procedure are there, and its name is taken. */
+static void tasks_register(cod_conn *c, counter *allocs, cod_allocation *a)
 {
-    current = "tasks";
-    cod_conn *c = connect_app("t_tasks");
-    counter allocs = {0};
     cod_task *t = cod_task_new("t_db");
     CHECK(cod_task_set_int(t, COD_MAX_CORES, 8) == 0 && cod_task_set_string(t, COD_BOUND, "cpu") == 0 &&
               cod_task_add_string(t, COD_SENSITIVE, "cache") == 0 && cod_task_add_string(t, COD_SENSITIVE, "numa") == 0 &&
@@ -1214,17 +1213,22 @@ static void test_tasks(void)
           "task description");
     CHECK(cod_task_set_int(NULL, COD_MAX_CORES, 1) == COD_EINVAL && cod_task_set_string(t, COD_BOUND, NULL) == COD_EINVAL,
           "setters check their arguments");
-    cod_allocation a = {0};
-    CHECK(cod_register_task(c, t, count_event, &allocs, &a) == 0, "register: %s", cod_errstr(c));
-    CHECK(a.task && strcmp(a.task, "t_db") == 0 && a.ncores == 8 && a.nnuma_nodes >= 1 && a.epoch > 0,
-          "first allocation: %zu cores", a.ncores);
-    cod_allocation_clear(&a);
-    CHECK(wait_for(c, &allocs.n, 1, 5000), "the first allocation upcall");
+    CHECK(cod_register_task(c, t, count_event, allocs, a) == 0, "register: %s", cod_errstr(c));
+    CHECK(a->task && strcmp(a->task, "t_db") == 0 && a->ncores == 8 && a->nnuma_nodes >= 1 && a->epoch > 0,
+          "first allocation: %zu cores", a->ncores);
+    cod_allocation_clear(a);
+    CHECK(wait_for(c, &allocs->n, 1, 5000), "the first allocation upcall");
     CHECK(one_int(c, "twice(21, X)", "X") == 42 && one_int(c, "db_rtime(X)", "X") == 3000, "registered with facts");
     CHECK(cod_register_task(c, t, NULL, NULL, NULL) == COD_EEXIST && cod_server_code(c) == -32021, "same name again");
     cod_task_free(t);
+}
+
+/* Tasks the daemon refuses, or may: more cores than there are, a bad property, a derived
+ * property, a name beyond [a-z0-9_]. */
+static void tasks_refused(cod_conn *c)
+{
     /* Admission refused: the data comes through. */
-    t = cod_task_new("t_greedy");
+    cod_task *t = cod_task_new("t_greedy");
     cod_task_set_int(t, COD_MIN_CORES, 1000);
     CHECK(cod_register_task(c, t, NULL, NULL, NULL) == COD_EADMISSION, "refused: %s", cod_errstr(c));
     long long free_cores = -1;
@@ -1252,27 +1256,36 @@ static void test_tasks(void)
     if (rc == 0)
         cod_deregister_task(c, "t caf\xc3\xa9");
     cod_task_free(t);
-    /* Update: fewer cores, announced by an upcall with removed CPUs. */
-    int before = allocs.n;
-    t = cod_task_new(NULL);
+}
+
+/* Update: fewer cores, announced by an upcall with removed CPUs; then acked, and the
+ * allocation heard, requested and asked for. */
+static void tasks_update(cod_conn *c, counter *allocs, cod_allocation *a)
+{
+    int before = allocs->n;
+    cod_task *t = cod_task_new(NULL);
     cod_task_set_int(t, COD_MAX_CORES, 2);
-    CHECK(cod_update_task(c, t, &a) == 0, "update: %s", cod_errstr(c));
-    long long epoch = a.epoch;
-    cod_allocation_clear(&a);
+    CHECK(cod_update_task(c, t, a) == 0, "update: %s", cod_errstr(c));
+    long long epoch = a->epoch;
+    cod_allocation_clear(a);
     cod_task_free(t);
-    CHECK(wait_for(c, &allocs.n, before + 1, 5000), "upcall after the update");
-    CHECK(allocs.last_removed == 6 && allocs.last_deadline >= 0 && allocs.last_epoch == epoch,
-          "removed 6 with a deadline: %zu %f", allocs.last_removed, allocs.last_deadline);
-    CHECK(cod_last_allocation(c, "t_db", &a) == 0 && a.epoch >= epoch && a.ncores == 2, "last allocation heard");
-    cod_allocation_clear(&a);
+    CHECK(wait_for(c, &allocs->n, before + 1, 5000), "upcall after the update");
+    CHECK(allocs->last_removed == 6 && allocs->last_deadline >= 0 && allocs->last_epoch == epoch,
+          "removed 6 with a deadline: %zu %f", allocs->last_removed, allocs->last_deadline);
+    CHECK(cod_last_allocation(c, "t_db", a) == 0 && a->epoch >= epoch && a->ncores == 2, "last allocation heard");
+    cod_allocation_clear(a);
     CHECK(cod_ack_allocation(c, NULL, epoch) == 0, "ack: %s", cod_errstr(c));
-    CHECK(cod_request_allocation(c, NULL, &a) == 0 && a.ncores == 2 && a.nreleasing == 0, "request_allocation: %zu",
-          a.ncores);
-    cod_allocation_clear(&a);
-    CHECK(cod_get_allocation(c, "t_db", &a) == 0 && a.ncores == 2 && a.nmemory_nodes >= 1, "get_allocation");
-    cod_allocation_clear(&a);
-    CHECK(cod_get_allocation(c, "no_such_task", &a) == COD_ENOENT && cod_server_code(c) == -32020, "unknown task");
-    /* The held state has the merged properties. */
+    CHECK(cod_request_allocation(c, NULL, a) == 0 && a->ncores == 2 && a->nreleasing == 0, "request_allocation: %zu",
+          a->ncores);
+    cod_allocation_clear(a);
+    CHECK(cod_get_allocation(c, "t_db", a) == 0 && a->ncores == 2 && a->nmemory_nodes >= 1, "get_allocation");
+    cod_allocation_clear(a);
+    CHECK(cod_get_allocation(c, "no_such_task", a) == COD_ENOENT && cod_server_code(c) == -32020, "unknown task");
+}
+
+/* The held state has the merged properties; deregistered, the task is forgotten. */
+static void tasks_held_and_deregistered(cod_conn *c, cod_allocation *a)
+{
     cod_reply *r = cod_held_state(c);
     const cod_value *props = cod_value_get(cod_value_get(cod_value_get(cod_reply_result(r), "tasks"), "t_db"), "properties");
     long long mc = 0;
@@ -1281,11 +1294,23 @@ static void test_tasks(void)
           "properties merged");
     cod_reply_free(r);
     CHECK(cod_deregister_task(c, NULL) == 0, "deregister");
-    CHECK(cod_last_allocation(c, "t_db", &a) == COD_ENOENT, "forgotten");
-    CHECK(cod_get_allocation(c, NULL, &a) == COD_ENOENT, "no task left");
+    CHECK(cod_last_allocation(c, "t_db", a) == COD_ENOENT, "forgotten");
+    CHECK(cod_get_allocation(c, NULL, a) == COD_ENOENT, "no task left");
     r = cod_held_state(c);
     CHECK(cod_value_length(cod_value_get(cod_reply_result(r), "tasks")) == 0, "no task held");
     cod_reply_free(r);
+}
+
+static void test_tasks(void)
+{
+    current = "tasks";
+    cod_conn *c = connect_app("t_tasks");
+    counter allocs = {0};
+    cod_allocation a = {0};
+    tasks_register(c, &allocs, &a);
+    tasks_refused(c);
+    tasks_update(c, &allocs, &a);
+    tasks_held_and_deregistered(c, &a);
     cod_free(c);
 }
 
