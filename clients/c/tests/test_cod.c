@@ -1739,7 +1739,9 @@ static void test_paper(void)
 
 /* ===================================================================================== */
 
-int main(int argc, char **argv)
+/* The options before "--"; the index of the daemon's command line after it, or 0 after
+ * the usage line. */
+static int parse_args(int argc, char **argv)
 {
     int i = 1;
     for (; i < argc; i++) {
@@ -1754,13 +1756,80 @@ int main(int argc, char **argv)
             break;
         } else {
             fprintf(stderr, "usage: %s [--quick] [--only NAME] --socket PATH -- DAEMON COMMAND...\n", argv[0]);
-            return 2;
+            return 0;
         }
     }
     if (!sock_path || i >= argc) {
         fprintf(stderr, "usage: %s [--quick] --socket PATH -- DAEMON COMMAND...\n", argv[0]);
-        return 2;
+        return 0;
     }
+    return i;
+}
+
+typedef struct named_test {
+    const char *name;
+    void (*fn)(void);
+} named_test;
+
+/* The tests without I/O, then the scripted peer's (in dir, the socket's directory); none
+ * needs the daemon. */
+static void run_unit_tests(const char *dir)
+{
+    named_test unit[] = {{"reader", test_reader},
+                         {"values", test_values},
+                         {"quote and format", test_quote_and_format},
+                         {"pattern", test_pattern_match},
+                         {"error codes", test_error_codes},
+                         {"memory", test_memory}};
+    for (size_t k = 0; k < sizeof unit / sizeof unit[0]; k++) {
+        if (only && !strstr(unit[k].name, only))
+            continue;
+        fprintf(stderr, "- %s\n", unit[k].name);
+        unit[k].fn();
+    }
+    if (!only || strstr("direct channel", only)) {
+        fprintf(stderr, "- direct channel\n");
+        test_direct_channel(dir);
+    }
+}
+
+/* The tests against the live daemon, started before the first that runs (and again after
+ * a test that leaves it stopped), each timed. */
+static void run_live_tests(void)
+{
+    named_test live[] = {{"connect", test_connect},
+                         {"facts and queries", test_facts_and_queries},
+                         {"server errors", test_server_errors},
+                         {"system and persistent", test_flags},
+                         {"1 MiB answer", test_big_answer},
+                         {"subscriptions", test_subscriptions},
+                         {"tasks", test_tasks},
+                         {"batch", test_batch},
+                         {"compaction", test_compaction},
+                         {"paper layer", test_paper},
+                         {"threads", test_threads},
+                         {"upcall flood", test_flood},
+                         {"hung daemon", test_hung_daemon},
+                         {"killed mid-call", test_killed_mid_call},
+                         {"automatic reconnection", test_auto_reconnect},
+                         {"shutdown", test_shutdown}};
+    for (size_t k = 0; k < sizeof live / sizeof live[0]; k++) {
+        if (only && !strstr(live[k].name, only))
+            continue;
+        fprintf(stderr, "- %s\n", live[k].name);
+        if (daemon_pid <= 0)
+            daemon_start();
+        double t0 = now_s();
+        live[k].fn();
+        fprintf(stderr, "  (%.2f s)\n", now_s() - t0);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int i = parse_args(argc, argv);
+    if (i == 0)
+        return 2;
     daemon_argv = argv + i;
     atexit(daemon_kill_at_exit);
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1774,55 +1843,8 @@ int main(int argc, char **argv)
     else
         snprintf(dir, sizeof dir, ".");
 
-    struct {
-        const char *name;
-        void (*fn)(void);
-    } unit[] = {{"reader", test_reader},
-                {"values", test_values},
-                {"quote and format", test_quote_and_format},
-                {"pattern", test_pattern_match},
-                {"error codes", test_error_codes},
-                {"memory", test_memory}};
-    for (size_t k = 0; k < sizeof unit / sizeof unit[0]; k++) {
-        if (only && !strstr(unit[k].name, only))
-            continue;
-        fprintf(stderr, "- %s\n", unit[k].name);
-        unit[k].fn();
-    }
-    if (!only || strstr("direct channel", only)) {
-        fprintf(stderr, "- direct channel\n");
-        test_direct_channel(dir);
-    }
-
-    struct {
-        const char *name;
-        void (*fn)(void);
-    } live[] = {{"connect", test_connect},
-                {"facts and queries", test_facts_and_queries},
-                {"server errors", test_server_errors},
-                {"system and persistent", test_flags},
-                {"1 MiB answer", test_big_answer},
-                {"subscriptions", test_subscriptions},
-                {"tasks", test_tasks},
-                {"batch", test_batch},
-                {"compaction", test_compaction},
-                {"paper layer", test_paper},
-                {"threads", test_threads},
-                {"upcall flood", test_flood},
-                {"hung daemon", test_hung_daemon},
-                {"killed mid-call", test_killed_mid_call},
-                {"automatic reconnection", test_auto_reconnect},
-                {"shutdown", test_shutdown}};
-    for (size_t k = 0; k < sizeof live / sizeof live[0]; k++) {
-        if (only && !strstr(live[k].name, only))
-            continue;
-        fprintf(stderr, "- %s\n", live[k].name);
-        if (daemon_pid <= 0)
-            daemon_start();
-        double t0 = now_s();
-        live[k].fn();
-        fprintf(stderr, "  (%.2f s)\n", now_s() - t0);
-    }
+    run_unit_tests(dir);
+    run_live_tests();
     daemon_stop(SIGTERM);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
