@@ -256,8 +256,12 @@ static void print_summary(const struct summary *s, double elapsed, double sla_ms
     double mean = 0;
     if (!sorted)
         return;
-    memcpy(sorted, s->rt_ms, s->n * sizeof *sorted);
-    qsort(sorted, s->n, sizeof *sorted, cmp_double);
+    /* A run stopped before batch 1 has no samples and s->rt_ms is NULL, which memcpy may
+     * not be given even for no bytes. */
+    if (s->n > 0) {
+        memcpy(sorted, s->rt_ms, s->n * sizeof *sorted);
+        qsort(sorted, s->n, sizeof *sorted, cmp_double);
+    }
     for (size_t i = 0; i < s->n; i++)
         mean += sorted[i] / (double)s->n;
     printf("summary: %zu batches, %zu requests (%zu queries) in %.2f s: %.0f requests/s, %.0f queries/s\n",
