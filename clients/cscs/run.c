@@ -264,11 +264,14 @@ static void print_summary(const struct summary *s, double elapsed, double sla_ms
     }
     for (size_t i = 0; i < s->n; i++)
         mean += sorted[i] / (double)s->n;
+    double per_s = elapsed > 0 ? 1.0 / elapsed : 0; /* a run stopped at once: 0/s, not NaN */
     printf("summary: %zu batches, %zu requests (%zu queries) in %.2f s: %.0f requests/s, %.0f queries/s\n",
-           s->n, s->requests, s->queries, elapsed, (double)s->requests / elapsed,
-           (double)s->queries / elapsed);
-    printf("summary: response time ms: mean %.1f  p50 %.1f  p95 %.1f  max %.1f\n", mean,
-           percentile(sorted, s->n, 50), percentile(sorted, s->n, 95), s->n ? sorted[s->n - 1] : NAN);
+           s->n, s->requests, s->queries, elapsed, (double)s->requests * per_s, (double)s->queries * per_s);
+    if (s->n == 0)
+        printf("summary: response time ms: no batch ran\n");
+    else
+        printf("summary: response time ms: mean %.1f  p50 %.1f  p95 %.1f  max %.1f\n", mean,
+               percentile(sorted, s->n, 50), percentile(sorted, s->n, 95), sorted[s->n - 1]);
     if (sla_ms > 0)
         printf("summary: SLA %.0f ms met by %zu of %zu batches\n", sla_ms, s->sla_met, s->n);
     if (s->reconfigs)

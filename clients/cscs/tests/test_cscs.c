@@ -710,6 +710,8 @@ static void test_run_stopped_before_batch_1(void)
     CHECK(strstr(text, "\n# control: stop\n") != NULL);
     CHECK(strstr(text, "\nsummary: 0 batches, 0 requests (0 queries)") != NULL);
     CHECK(strstr(text, "\n      1 ") == NULL); /* no line for batch 1 */
+    CHECK(strstr(text, "nan") == NULL && strstr(text, "inf") == NULL); /* no rate or time of nothing */
+    CHECK(strstr(text, "\nsummary: response time ms: no batch ran\n") != NULL);
     close(w);
     unlink(fifo);
     unlink(out_path);
