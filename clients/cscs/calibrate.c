@@ -271,29 +271,21 @@ static int write_cost_fn(FILE *f, const struct calib_fit *fit, const struct cali
     return ferror(f) ? -1 : 0;
 }
 
-int cscs_calibrate(const struct calibrate_options *o)
+/* Every --cores value must be one this process may run on; 0, or 2 after the message. */
+static int check_core_counts(const struct calibrate_options *o, size_t nallowed)
 {
-    char err[512] = "";
-    int *allowed = NULL, status = 1;
-    size_t nallowed = 0, npts = 0;
-    struct calib_point *pts = calloc(o->ncores * o->ntpc * o->nrequests + 1, sizeof *pts);
-    FILE *csv = NULL;
-    uint64_t rng = cscs_seed_hash(o->seed ^ 0xCA11ULL);
-    if (!pts || cpulist_allowed(&allowed, &nallowed) != 0) {
-        fprintf(stderr, "cscs calibrate: cannot read this process's CPUs or out of memory\n");
-        goto out;
-    }
     for (size_t i = 0; i < o->ncores; i++)
         if (o->cores[i] == 0 || o->cores[i] > nallowed) {
             fprintf(stderr, "cscs calibrate: --cores %zu: this process may use 1 to %zu cores\n",
                     o->cores[i], nallowed);
-            status = 2;
-            goto out;
+            return 2;
         }
-    if (o->csv_path && !(csv = fopen(o->csv_path, "w"))) {
-        fprintf(stderr, "cscs calibrate: --csv %s: %s\n", o->csv_path, strerror(errno));
-        goto out;
-    }
+    return 0;
+}
+
+/* The header lines of the CSV (when asked for) and of the table of measured points. */
+static void print_measure_header(const struct calibrate_options *o, FILE *csv)
+{
     if (csv)
         fprintf(csv, "cores,tuples_per_core,requests,rt_ms,wall_ms\n");
     printf("# cscs calibrate: median of %u batches per point after one warm-up; "
@@ -302,21 +294,29 @@ int cscs_calibrate(const struct calibrate_options *o)
                    : "response time on cores of its own (scan threads' CPU time)");
     printf("%6s %15s %9s %12s %12s\n", "cores", "tuples_per_core", "requests", "rt_ms", "wall_ms");
     fflush(stdout);
+}
+
+/* One engine per (tuples per core, cores), measured at every request count; each point
+ * printed (and written to the CSV) as soon as it is measured.  *npts counts the points
+ * measured, also when one fails (-1, err set). */
+static int measure_all_points(const struct calibrate_options *o, int *allowed, FILE *csv, uint64_t *rng,
+                              struct calib_point *pts, size_t *npts, char *err, size_t errlen)
+{
     for (size_t ti = 0; ti < o->ntpc; ti++)
         for (size_t ki = 0; ki < o->ncores; ki++) {
             size_t k = o->cores[ki], t = o->tuples_per_core[ti];
             struct engine_config ec = { .seed = o->seed, .ntuples = k * t, .cpus = allowed, .ncpus = k };
             struct engine *e;
-            if (engine_create(&ec, &e, err, sizeof err) != 0)
-                goto fail;
+            if (engine_create(&ec, &e, err, errlen) != 0)
+                return -1;
             for (size_t ri = 0; ri < o->nrequests; ri++) {
-                struct calib_point *p = &pts[npts];
+                struct calib_point *p = &pts[*npts];
                 *p = (struct calib_point){ k, t, o->requests[ri], 0, 0 };
-                if (measure(e, p->requests, o->batches, o->wall, &rng, p, err, sizeof err) != 0) {
+                if (measure(e, p->requests, o->batches, o->wall, rng, p, err, errlen) != 0) {
                     engine_destroy(e);
-                    goto fail;
+                    return -1;
                 }
-                npts++;
+                (*npts)++;
                 printf("%6zu %15zu %9zu %12.3f %12.3f\n", k, t, p->requests, p->rt_ms, p->wall_ms);
                 fflush(stdout);
                 if (csv)
@@ -324,13 +324,26 @@ int cscs_calibrate(const struct calibrate_options *o)
             }
             engine_destroy(e);
         }
-    struct calib_fit fits[2], *fit = &fits[o->model];
+    return 0;
+}
+
+/* Both models fitted (fits[MODEL_PAPER], fits[MODEL_EXTENDED]), for the comparison. */
+static int fit_both_models(const struct calib_point *pts, size_t npts, struct calib_fit fits[2], char *err,
+                           size_t errlen)
+{
     for (int m = MODEL_PAPER; m <= MODEL_EXTENDED; m++)
         if (calib_fit(pts, npts, (enum cost_model)m, &fits[m]) != 0) {
-            snprintf(err, sizeof err, "cannot fit the model: give at least three points with "
-                                      "different tuples per core and requests");
-            goto fail;
+            snprintf(err, errlen, "cannot fit the model: give at least three points with "
+                                  "different tuples per core and requests");
+            return -1;
         }
+    return 0;
+}
+
+/* Each model's constants and errors, then every point with both models' predictions. */
+static void print_fits(const struct calibrate_options *o, const struct calib_fit fits[2],
+                       const struct calib_point *pts, size_t npts)
+{
     for (int m = MODEL_PAPER; m <= MODEL_EXTENDED; m++)
         printf("# fit, %s model: a = %.6g, b = %.6g%s%.6g; relative error rms %.1f %%, max %.1f %%%s%s%s\n",
                m == MODEL_PAPER ? "the paper's" : "extended", fits[m].a, fits[m].b,
@@ -347,18 +360,31 @@ int cscs_calibrate(const struct calibrate_options *o)
                pts[i].tuples_per_core, pts[i].requests, pts[i].rt_ms, p0,
                100 * (p0 - pts[i].rt_ms) / pts[i].rt_ms, p1, 100 * (p1 - pts[i].rt_ms) / pts[i].rt_ms);
     }
+}
+
+/* The chosen model's cost function to --out (stdout without it). */
+static int write_cost_fn_out(const struct calibrate_options *o, const struct calib_fit *fit,
+                             const struct calib_point *pts, size_t npts, char *err, size_t errlen)
+{
     FILE *f = o->out_path ? fopen(o->out_path, "w") : stdout;
     if (!f) {
-        snprintf(err, sizeof err, "--out %s: %s", o->out_path, strerror(errno));
-        goto fail;
+        snprintf(err, errlen, "--out %s: %s", o->out_path, strerror(errno));
+        return -1;
     }
     int wrc = write_cost_fn(f, fit, pts, npts, o->wall);
     if (o->out_path && fclose(f) != 0)
         wrc = -1;
     if (wrc != 0) {
-        snprintf(err, sizeof err, "writing the cost function failed");
-        goto fail;
+        snprintf(err, errlen, "writing the cost function failed");
+        return -1;
     }
+    return 0;
+}
+
+/* The last line: the written model's constants and both models' errors, as JSON. */
+static void print_result_json(const struct calibrate_options *o, const struct calib_fit fits[2], size_t npts)
+{
+    const struct calib_fit *fit = &fits[o->model];
     char a[64], b[64], d[64];
     prolog_float(fit->a, a, sizeof a);
     prolog_float(fit->b, b, sizeof b);
@@ -368,6 +394,37 @@ int cscs_calibrate(const struct calibrate_options *o)
            "\"extended_model_rms_rel_err\": %.4f}\n",
            o->model == MODEL_PAPER ? "paper" : "extended", a, b, d, CSCS_COST_C_DIVISOR, npts,
            fit->rms_rel_err, fit->max_rel_err, fits[0].rms_rel_err, fits[1].rms_rel_err);
+}
+
+int cscs_calibrate(const struct calibrate_options *o)
+{
+    char err[512] = "";
+    int *allowed = NULL, status = 1;
+    size_t nallowed = 0, npts = 0;
+    struct calib_point *pts = calloc(o->ncores * o->ntpc * o->nrequests + 1, sizeof *pts);
+    FILE *csv = NULL;
+    uint64_t rng = cscs_seed_hash(o->seed ^ 0xCA11ULL);
+    struct calib_fit fits[2];
+    if (!pts || cpulist_allowed(&allowed, &nallowed) != 0) {
+        fprintf(stderr, "cscs calibrate: cannot read this process's CPUs or out of memory\n");
+        goto out;
+    }
+    if (check_core_counts(o, nallowed) != 0) {
+        status = 2;
+        goto out;
+    }
+    if (o->csv_path && !(csv = fopen(o->csv_path, "w"))) {
+        fprintf(stderr, "cscs calibrate: --csv %s: %s\n", o->csv_path, strerror(errno));
+        goto out;
+    }
+    print_measure_header(o, csv);
+    if (measure_all_points(o, allowed, csv, &rng, pts, &npts, err, sizeof err) != 0 ||
+        fit_both_models(pts, npts, fits, err, sizeof err) != 0)
+        goto fail;
+    print_fits(o, fits, pts, npts);
+    if (write_cost_fn_out(o, &fits[o->model], pts, npts, err, sizeof err) != 0)
+        goto fail;
+    print_result_json(o, fits, npts);
     status = 0;
     goto out;
 fail:

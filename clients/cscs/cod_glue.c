@@ -167,41 +167,46 @@ static int fail(struct cod_glue *g, const char *what, char *err, size_t errlen)
     return -1;
 }
 
-int cod_glue_open(const struct glue_config *cfg, struct cod_glue **out, int **cpus,
-                  size_t *ncpus, char *err, size_t errlen)
+/* A glue not yet connected: no allocation heard, none being applied; NULL when out of memory. */
+static struct cod_glue *glue_new(const char *name)
 {
-    *out = NULL;
-    *cpus = NULL;
-    *ncpus = 0;
-    if (cfg->socket == NULL)
-        return 0;
     struct cod_glue *g = calloc(1, sizeof *g);
-    char *cost_fn = NULL, fact[128];
-    cod_task *t = NULL;
-    cod_allocation first = { 0 };
-    int rc = -1;
-    if (!g) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
+    if (!g)
+        return NULL;
     g->epoch = -1;
     g->applying_epoch = -1;
     pthread_mutex_init(&g->mu, NULL);
-    snprintf(g->name, sizeof g->name, "%s", cfg->name ? cfg->name : "cscs");
-    if (cfg->cost_fn_path && read_file(cfg->cost_fn_path, &cost_fn, err, errlen) != 0)
-        goto done;
-    double t0 = wall_s();
-    /* Listing 1, lines 1-4: bind to the RM and the SKB. */
-    g->c = cod_connect(cfg->socket, g->name);
-    if (!g->c) {
-        snprintf(err, errlen, "COD: cannot connect to the RM at %s: %s", cfg->socket, cod_connect_error());
-        goto done;
-    }
-    cod_set_timeout(g->c, 20000);
-    t = cod_task_new(g->name);
+    snprintf(g->name, sizeof g->name, "%s", name ? name : "cscs");
+    return g;
+}
+
+/* Lines 19-20 of Listing 1: the SLA, the cost function, and the requirements derived by the
+ * SKB from Listing 3's procedure.  The daemon evaluates them again whenever a fact they read
+ * changes.  More cores than this process may use cannot be had: the SLA is then missed, and
+ * said so when the task is registered.  Nonzero when out of memory or the text is bad. */
+static int add_sla_requirements(cod_task *t, const struct glue_config *cfg, const char *cost_fn)
+{
+    char min_q[160], ws_q[200], fact[128];
+    snprintf(min_q, sizeof min_q, "dbos_cost_function(_, N0, _), N is min(N0, %d)", cfg->max_cores);
+    snprintf(ws_q, sizeof ws_q,
+             "dbos_cost_function(_, N0, _), db_ntuple(T), db_tsize(S), P is T * S // min(N0, %d)",
+             cfg->max_cores);
+    snprintf(fact, sizeof fact, "db_rtime(%.0f)", cfg->sla_ms < 1 ? 1 : cfg->sla_ms);
+    return cod_task_add_fact(t, fact) || cod_task_add_procedure(t, cost_fn ? cost_fn : PAPER_COST_FN) ||
+           cod_task_set_derived(t, COD_MIN_CORES, min_q, "N") ||
+           cod_task_set_derived(t, COD_WORKING_SET_BYTES, ws_q, "P");
+}
+
+/* The task's description: lines 6-20 of Listing 1.  NULL with err set when it cannot be
+ * built. */
+static cod_task *describe_task(const char *name, const struct glue_config *cfg, const char *cost_fn,
+                               char *err, size_t errlen)
+{
+    char fact[128];
+    cod_task *t = cod_task_new(name);
     if (!t) {
         snprintf(err, errlen, "out of memory");
-        goto done;
+        return NULL;
     }
     /* Lines 6-9: system-level properties. */
     int bad = cod_task_set_int(t, COD_MAX_CORES, cfg->max_cores) || cod_task_set_string(t, COD_BOUND, "cpu") ||
@@ -215,28 +220,25 @@ int cod_glue_open(const struct glue_config *cfg, struct cod_glue **out, int **cp
     bad = bad || cod_task_add_fact(t, fact);
     snprintf(fact, sizeof fact, "db_nupdate(%zu)", cfg->batch_updates);
     bad = bad || cod_task_add_fact(t, fact);
-    if (cfg->sla_ms > 0) {
-        /* Lines 19-20: the requirements, derived by the SKB from Listing 3's procedure.  The
-         * daemon evaluates them again whenever a fact they read changes.  More cores than
-         * this process may use cannot be had: the SLA is then missed, and said so below. */
-        char min_q[160], ws_q[200];
-        snprintf(min_q, sizeof min_q, "dbos_cost_function(_, N0, _), N is min(N0, %d)", cfg->max_cores);
-        snprintf(ws_q, sizeof ws_q,
-                 "dbos_cost_function(_, N0, _), db_ntuple(T), db_tsize(S), P is T * S // min(N0, %d)",
-                 cfg->max_cores);
-        snprintf(fact, sizeof fact, "db_rtime(%.0f)", cfg->sla_ms < 1 ? 1 : cfg->sla_ms);
-        bad = bad || cod_task_add_fact(t, fact) ||
-              cod_task_add_procedure(t, cost_fn ? cost_fn : PAPER_COST_FN) ||
-              cod_task_set_derived(t, COD_MIN_CORES, min_q, "N") ||
-              cod_task_set_derived(t, COD_WORKING_SET_BYTES, ws_q, "P");
-    } else if (cost_fn) {
+    if (cfg->sla_ms > 0)
+        bad = bad || add_sla_requirements(t, cfg, cost_fn);
+    else if (cost_fn)
         bad = bad || cod_task_add_procedure(t, cost_fn);
-    }
     if (bad) {
         snprintf(err, errlen, "COD: building the task description: out of memory or bad text");
-        goto done;
+        cod_task_free(t);
+        return NULL;
     }
-    /* The first allocation upcall comes before the reply (its handler runs at the next dispatch). */
+    return t;
+}
+
+/* Registers the task and takes the cores of its first allocation, whose upcall comes before
+ * the reply (its handler runs at the dispatch here).  -1 with err set when registering fails
+ * or the allocation has no CPU. */
+static int register_and_take_first_allocation(struct cod_glue *g, cod_task *t, char *err, size_t errlen)
+{
+    cod_allocation first = { 0 };
+    int rc = -1;
     if (cod_register_task(g->c, t, on_allocation, g, &first) != 0) {
         fail(g, "registering the task", err, errlen);
         goto done;
@@ -254,25 +256,72 @@ int cod_glue_open(const struct glue_config *cfg, struct cod_glue **out, int **cp
         snprintf(err, errlen, "COD: the RM admitted the task but gave it no CPU");
         goto done;
     }
+    rc = 0;
+done:
+    cod_allocation_clear(&first);
+    return rc;
+}
+
+/* The caller's copy of the cores the glue holds. */
+static int copy_cores(const struct cod_glue *g, int **cpus, size_t *ncpus, char *err, size_t errlen)
+{
     *cpus = malloc(g->ncores * sizeof **cpus);
     if (!*cpus) {
         snprintf(err, errlen, "out of memory");
-        goto done;
+        return -1;
     }
     memcpy(*cpus, g->cores, g->ncores * sizeof **cpus);
     *ncpus = g->ncores;
-    if (cfg->sla_ms > 0) {
-        cod_reply *d = cod_query(g->c, "dbos_cost_function(Status, NrCores, PartSize)");
-        long long st = -1, n = 0, part = 0;
-        if (d && cod_reply_count(d) > 0 && int_of(cod_reply_get(d, 0, "Status"), &st) == 0 &&
-            int_of(cod_reply_get(d, 0, "NrCores"), &n) == 0 && int_of(cod_reply_get(d, 0, "PartSize"), &part) == 0) {
-            printf("# cod: deployment derived by the SKB (Listing 3) for an SLA of %.0f ms: %lld cores, "
-                   "partitions of %lld bytes, status %lld%s\n", cfg->sla_ms, n, part, st,
-                   n > cfg->max_cores ? " (more cores than this process may use: the SLA will be missed)" : "");
-            fflush(stdout);
-        }
-        cod_reply_free(d);
+    return 0;
+}
+
+/* The deployment the SKB derived for the SLA (Listing 3), when it answers. */
+static void print_derived_deployment(struct cod_glue *g, const struct glue_config *cfg)
+{
+    cod_reply *d = cod_query(g->c, "dbos_cost_function(Status, NrCores, PartSize)");
+    long long st = -1, n = 0, part = 0;
+    if (d && cod_reply_count(d) > 0 && int_of(cod_reply_get(d, 0, "Status"), &st) == 0 &&
+        int_of(cod_reply_get(d, 0, "NrCores"), &n) == 0 && int_of(cod_reply_get(d, 0, "PartSize"), &part) == 0) {
+        printf("# cod: deployment derived by the SKB (Listing 3) for an SLA of %.0f ms: %lld cores, "
+               "partitions of %lld bytes, status %lld%s\n", cfg->sla_ms, n, part, st,
+               n > cfg->max_cores ? " (more cores than this process may use: the SLA will be missed)" : "");
+        fflush(stdout);
     }
+    cod_reply_free(d);
+}
+
+int cod_glue_open(const struct glue_config *cfg, struct cod_glue **out, int **cpus,
+                  size_t *ncpus, char *err, size_t errlen)
+{
+    *out = NULL;
+    *cpus = NULL;
+    *ncpus = 0;
+    if (cfg->socket == NULL)
+        return 0;
+    struct cod_glue *g = glue_new(cfg->name);
+    char *cost_fn = NULL;
+    cod_task *t = NULL;
+    int rc = -1;
+    if (!g) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (cfg->cost_fn_path && read_file(cfg->cost_fn_path, &cost_fn, err, errlen) != 0)
+        goto done;
+    double t0 = wall_s();
+    /* Listing 1, lines 1-4: bind to the RM and the SKB. */
+    g->c = cod_connect(cfg->socket, g->name);
+    if (!g->c) {
+        snprintf(err, errlen, "COD: cannot connect to the RM at %s: %s", cfg->socket, cod_connect_error());
+        goto done;
+    }
+    cod_set_timeout(g->c, 20000);
+    t = describe_task(g->name, cfg, cost_fn, err, errlen);
+    if (!t || register_and_take_first_allocation(g, t, err, errlen) != 0 ||
+        copy_cores(g, cpus, ncpus, err, errlen) != 0)
+        goto done;
+    if (cfg->sla_ms > 0)
+        print_derived_deployment(g, cfg);
     char now[256];
     cpus_text(g->cores, g->ncores, now, sizeof now);
     printf("# cod: registered as task %s with the RM at %s in %.1f ms: epoch %lld, cores %s%s\n", g->name,
@@ -288,7 +337,6 @@ int cod_glue_open(const struct glue_config *cfg, struct cod_glue **out, int **cp
     *out = g;
     rc = 0;
 done:
-    cod_allocation_clear(&first);
     cod_task_free(t);
     free(cost_fn);
     if (rc != 0)

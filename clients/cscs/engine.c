@@ -452,101 +452,114 @@ static void release_tail(struct partition *part, size_t keep, const struct piece
     }
 }
 
-int engine_apply_plan(struct engine *e, const struct plan *p, struct reconfig_stats *st,
+/* What a reconfiguration prepares before anything moves, freed by the caller. */
+struct moves {
+    struct piece *pieces; /* the plan's moves cut into pieces (plan_pieces) */
+    size_t npieces;
+    size_t *before;       /* each thread's tuple count before the copies, to undo them */
+    int *stop;            /* the threads to stop afterwards: their cores are not in the plan */
+};
+
+/* The plan fits the current layout (plan_check) and its cores are ones this process may
+ * run on, each listed once. */
+static int check_plan(struct engine *e, const struct plan_part *cur, size_t ncur, const struct plan *p,
                       char *err, size_t errlen)
 {
-    double t0 = now_s();
-    memset(st, 0, sizeof *st);
-    struct plan_part *cur = NULL;
-    size_t ncur = 0, old_n = e->nthreads, npieces = 0, nchunks = 0;
-    struct piece *pieces = NULL;
-    size_t *before = NULL;
-    int *stop = NULL, rc = -1;
-    if (engine_layout(e, &cur, &ncur) != 0) {
-        snprintf(err, errlen, "out of memory");
-        return -1;
-    }
     if (plan_check(cur, ncur, p, err, errlen) != 0)
-        goto out;
+        return -1;
     int *pcpus = malloc(p->nparts * sizeof *pcpus);
     if (!pcpus) {
         snprintf(err, errlen, "out of memory");
-        goto out;
+        return -1;
     }
     for (size_t i = 0; i < p->nparts; i++)
         pcpus[i] = p->parts[i].cpu;
-    rc = check_cpus(e, pcpus, p->nparts, err, errlen);
+    int rc = check_cpus(e, pcpus, p->nparts, err, errlen);
     free(pcpus);
-    if (rc != 0)
-        goto out;
-    rc = -1;
+    return rc;
+}
 
-    /* 1. Scan threads for the new cores, with empty partitions. */
-    if (grow_thread_array(e, e->nthreads + p->nparts) != 0) {
-        snprintf(err, errlen, "out of memory");
-        goto out;
-    }
+/* Step 1: scan threads for the plan's new cores, with empty partitions, each pinned to its
+ * core.  The thread array has room for them. */
+static int start_new_threads(struct engine *e, const struct plan *p, size_t old_n, struct reconfig_stats *st,
+                             char *err, size_t errlen)
+{
     for (size_t i = 0; i < p->nparts; i++)
         if (!thread_of(e, p->parts[i].cpu)) {
             if (thread_start(e, p->parts[i].cpu, err, errlen) != 0)
-                goto undo;
+                return -1;
             st->threads_started++;
         }
     set_tasks(e, TASK_NONE);
     run_phase(e);
-    if (check_pinned(e, old_n, err, errlen) != 0)
-        goto undo;
-    /* 2. The pieces, and room for the chunk pointers handed over whole, so
-     * that handing them over after the copies cannot fail. */
+    return check_pinned(e, old_n, err, errlen);
+}
+
+/* Step 2: the pieces, and room in each receiving partition for the chunk pointers it gets
+ * whole, so that handing them over after the copies cannot fail; each thread's tuple count
+ * noted. */
+static int prepare_moves(struct engine *e, const struct plan *p, struct moves *mv, char *err, size_t errlen)
+{
+    size_t nchunks = 0;
     for (size_t i = 0; i < e->nthreads; i++)
         nchunks += e->threads[i]->part.nchunks;
-    pieces = calloc(p->nmoves + nchunks + 1, sizeof *pieces);
-    before = calloc(e->nthreads, sizeof *before);
-    stop = calloc(e->nthreads, sizeof *stop);
-    if (!pieces || !before || !stop) {
+    mv->pieces = calloc(p->nmoves + nchunks + 1, sizeof *mv->pieces);
+    mv->before = calloc(e->nthreads, sizeof *mv->before);
+    mv->stop = calloc(e->nthreads, sizeof *mv->stop);
+    if (!mv->pieces || !mv->before || !mv->stop) {
         snprintf(err, errlen, "out of memory");
-        goto undo;
+        return -1;
     }
-    npieces = plan_pieces(e, p, pieces);
+    mv->npieces = plan_pieces(e, p, mv->pieces);
     for (size_t i = 0; i < e->nthreads; i++) {
         struct partition *part = &e->threads[i]->part;
         size_t whole = 0;
-        for (size_t k = 0; k < npieces; k++)
-            whole += pieces[k].whole && pieces[k].dst == e->threads[i];
+        for (size_t k = 0; k < mv->npieces; k++)
+            whole += mv->pieces[k].whole && mv->pieces[k].dst == e->threads[i];
         if (part->nchunks + whole > part->cap_chunks) {
             struct chunk **m = realloc(part->chunks, (part->nchunks + whole) * sizeof *m);
             if (!m) {
                 snprintf(err, errlen, "out of memory");
-                goto undo;
+                return -1;
             }
             part->chunks = m;
             part->cap_chunks = part->nchunks + whole;
         }
-        before[i] = part->n;
+        mv->before[i] = part->n;
     }
-    /* 3. Each receiving thread copies its pieces (partial chunks, other
-     * nodes) onto its own core and node, from sources that stay read-only
-     * meanwhile. */
+    return 0;
+}
+
+/* Step 3: each receiving thread copies its pieces (partial chunks, other nodes) onto its own
+ * core and node, from sources that stay read-only meanwhile.  On failure every partition is
+ * cut back to what it held before. */
+static int copy_pieces(struct engine *e, const struct moves *mv, char *err, size_t errlen)
+{
     for (size_t i = 0; i < e->nthreads; i++) {
         struct scan_thread *t = e->threads[i];
         t->task = TASK_MOVE_IN;
-        t->pieces = pieces;
-        t->npieces = npieces;
+        t->pieces = mv->pieces;
+        t->npieces = mv->npieces;
     }
     run_phase(e);
     for (size_t i = 0; i < e->nthreads; i++)
         if (e->threads[i]->rc != 0) {
             for (size_t k = 0; k < e->nthreads; k++)
-                partition_truncate(&e->threads[k]->part, before[k]);
+                partition_truncate(&e->threads[k]->part, mv->before[k]);
             snprintf(err, errlen, "out of memory copying tuples to CPU %d's NUMA node %d",
                      e->threads[i]->cpu, e->threads[i]->node);
-            goto undo;
+            return -1;
         }
-    /* 4. Nothing below can fail: whole chunks change hands, the sources
-     * give up what they gave, the lost cores' threads stop. */
-    for (size_t k = 0; k < npieces; k++)
-        if (pieces[k].whole) {
-            partition_adopt(&pieces[k].dst->part, pieces[k].chunk);
+    return 0;
+}
+
+/* Step 4, which cannot fail: whole chunks change hands, the sources give up what they gave,
+ * the lost cores' threads stop. */
+static void hand_over(struct engine *e, const struct plan *p, struct moves *mv, struct reconfig_stats *st)
+{
+    for (size_t k = 0; k < mv->npieces; k++)
+        if (mv->pieces[k].whole) {
+            partition_adopt(&mv->pieces[k].dst->part, mv->pieces[k].chunk);
             st->chunks_handed_over++;
         }
     for (size_t m = 0; m < p->nmoves; m++)
@@ -559,14 +572,18 @@ int engine_apply_plan(struct engine *e, const struct plan *p, struct reconfig_st
         for (size_t m = 0; m < p->nmoves; m++)
             gives |= p->moves[m].from == t->cpu;
         if (gives)
-            release_tail(&t->part, found ? want : 0, pieces, npieces);
+            release_tail(&t->part, found ? want : 0, mv->pieces, mv->npieces);
         if (!found) {
-            stop[i] = 1;
+            mv->stop[i] = 1;
             st->threads_stopped++;
         }
     }
-    threads_stop(e, stop);
-    /* 5. Scan threads in the plan's order. */
+    threads_stop(e, mv->stop);
+}
+
+/* Step 5: the scan threads in the plan's order. */
+static void order_as_plan(struct engine *e, const struct plan *p)
+{
     for (size_t i = 0; i < p->nparts; i++) {
         struct scan_thread *t = thread_of(e, p->parts[i].cpu);
         for (size_t k = i; k < e->nthreads; k++)
@@ -575,19 +592,25 @@ int engine_apply_plan(struct engine *e, const struct plan *p, struct reconfig_st
                 e->threads[i] = t;
             }
     }
-    /* 6. Every remaining thread pinned to its core again: whoever changed the cores (a
-     * resource manager widening the process's CPUs) may have widened its mask too.  A
-     * failure here is not fatal: the thread still runs, only less precisely placed. */
+}
+
+/* Step 6: every remaining thread pinned to its core again: whoever changed the cores (a
+ * resource manager widening the process's CPUs) may have widened its mask too.  A failure
+ * here is not fatal: the thread still runs, only less precisely placed. */
+static void pin_again(struct engine *e)
+{
     for (size_t i = 0; i < e->nthreads; i++) {
         cpu_set_t set;
         CPU_ZERO(&set);
         CPU_SET(e->threads[i]->cpu, &set);
         pthread_setaffinity_np(e->threads[i]->th, sizeof set, &set);
     }
-    rc = 0;
-    goto out;
-undo:
-    /* Nothing moved: drop the threads started for this plan. */
+}
+
+/* Undoing a plan that failed before anything moved: the threads started for it (those from
+ * old_n on) stop. */
+static void stop_threads_started(struct engine *e, size_t old_n)
+{
     if (e->nthreads > old_n) {
         int *drop = calloc(e->nthreads, sizeof *drop);
         if (drop) {
@@ -597,11 +620,41 @@ undo:
             free(drop);
         }
     }
+}
+
+int engine_apply_plan(struct engine *e, const struct plan *p, struct reconfig_stats *st,
+                      char *err, size_t errlen)
+{
+    double t0 = now_s();
+    memset(st, 0, sizeof *st);
+    struct plan_part *cur = NULL;
+    size_t ncur = 0, old_n = e->nthreads;
+    struct moves mv = { 0 };
+    int rc = -1;
+    if (engine_layout(e, &cur, &ncur) != 0) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    if (check_plan(e, cur, ncur, p, err, errlen) != 0)
+        goto out;
+    if (grow_thread_array(e, e->nthreads + p->nparts) != 0) {
+        snprintf(err, errlen, "out of memory");
+        goto out;
+    }
+    if (start_new_threads(e, p, old_n, st, err, errlen) != 0 || prepare_moves(e, p, &mv, err, errlen) != 0 ||
+        copy_pieces(e, &mv, err, errlen) != 0) {
+        stop_threads_started(e, old_n); /* nothing moved */
+        goto out;
+    }
+    hand_over(e, p, &mv, st);
+    order_as_plan(e, p);
+    pin_again(e);
+    rc = 0;
 out:
     free(cur);
-    free(pieces);
-    free(before);
-    free(stop);
+    free(mv.pieces);
+    free(mv.before);
+    free(mv.stop);
     st->ms = (now_s() - t0) * 1e3;
     return rc;
 }

@@ -161,147 +161,226 @@ static const struct option CALIB_OPTS[] = {
     { 0, 0, 0, 0 },
 };
 
+/* The option handlers below return GO_ON when the command line may go on, otherwise the
+ * exit status to end with (0 after --help, 2 after a usage error). */
+enum { GO_ON = -1 };
+
+/* run's options with a number: each checked for its range. */
+static int take_run_number(int opt, struct run_options *o)
+{
+    size_t count;
+    switch (opt) {
+    case OPT_TUPLES:
+        if (parse_count(optarg, &o->tuples) != 0 || o->tuples == 0)
+            return usage_error("--tuples '%s': expected a positive count such as 3000000 or 30M", optarg);
+        break;
+    case OPT_SECONDS:
+        if (parse_positive(optarg, &o->seconds) != 0)
+            return usage_error("--seconds '%s': expected a positive number", optarg);
+        break;
+    case OPT_BATCHES:
+        if (parse_count(optarg, &count) != 0 || count == 0)
+            return usage_error("--batches '%s': expected a positive count", optarg);
+        o->max_batches = count;
+        break;
+    case OPT_BQ:
+    case OPT_BU:
+        if (parse_count(optarg, &count) != 0 || count > (1u << 24))
+            return usage_error("batch size '%s': expected a count from 0 to 16777216", optarg);
+        *(opt == OPT_BQ ? &o->batch_queries : &o->batch_updates) = count;
+        break;
+    case OPT_SLA:
+        if (parse_positive(optarg, &o->sla_ms) != 0)
+            return usage_error("--sla-ms '%s': expected a positive number of milliseconds", optarg);
+        break;
+    case OPT_THINK:
+        if (parse_positive(optarg, &o->think_ms) != 0 || o->think_ms > 60000)
+            return usage_error("--think-ms '%s': expected a positive number of milliseconds up to 60000", optarg);
+        break;
+    case OPT_MAXCORES:
+        if (parse_count(optarg, &count) != 0 || count == 0 || count > 4096)
+            return usage_error("--max-cores '%s': expected a count from 1 to 4096", optarg);
+        o->max_cores = count;
+        break;
+    case OPT_SEED:
+        if (parse_count(optarg, &count) != 0)
+            return usage_error("--seed '%s': expected a non-negative integer", optarg);
+        o->seed = count;
+        break;
+    }
+    return GO_ON;
+}
+
+/* One of run's options (from getopt_long); *cpus owns the --cores list, o->cpus points to it. */
+static int take_run_option(int opt, struct run_options *o, int **cpus)
+{
+    char err[256];
+    switch (opt) {
+    case OPT_TUPLES:
+    case OPT_SECONDS:
+    case OPT_BATCHES:
+    case OPT_BQ:
+    case OPT_BU:
+    case OPT_SLA:
+    case OPT_THINK:
+    case OPT_MAXCORES:
+    case OPT_SEED:
+        return take_run_number(opt, o);
+    case OPT_CORES:
+        free(*cpus);
+        *cpus = NULL;
+        if (cpulist_parse(optarg, cpus, &o->ncpus, err, sizeof err) != 0)
+            return usage_error("--cores: %s", err);
+        o->cpus = *cpus;
+        break;
+    case OPT_NAIVE: o->naive = 1; break;
+    case OPT_SCHEDULE: o->schedule = optarg; break;
+    case OPT_CONTROL: o->control_path = optarg; break;
+    case OPT_SOCKET: o->socket_path = optarg; break;
+    case OPT_COSTFN: o->cost_fn_path = optarg; break;
+    case OPT_NAME:
+        if (!*optarg || strlen(optarg) > 63)
+            return usage_error("--name '%s': expected 1 to 63 bytes", optarg);
+        o->cod_name = optarg;
+        break;
+    case OPT_CSV: o->csv_path = optarg; break;
+    case OPT_RESULTS: o->results_path = optarg; break;
+    case OPT_NONUMA: o->no_numa_binding = 1; break;
+    case OPT_HELP:
+        fputs(USAGE, stdout);
+        return 0;
+    default:
+        return usage_error("%s", "unknown option for run");
+    }
+    return GO_ON;
+}
+
+/* The options taken together: what run needs, and the combinations it refuses. */
+static int check_run_options(const struct run_options *o)
+{
+    char err[256];
+    if (o->tuples == 0)
+        return usage_error("%s", "run needs --tuples N");
+    if (o->seconds == 0 && o->max_batches == 0)
+        return usage_error("%s", "run needs --seconds S or --batches B");
+    if (o->batch_queries + o->batch_updates == 0)
+        return usage_error("%s", "a batch needs at least one query or update");
+    if (o->naive && (o->cpus || o->schedule || o->control_path || o->socket_path))
+        return usage_error("%s", "--naive runs on every core and reacts to nothing: "
+                                 "it takes none of --cores, --cores-schedule, --control, --socket");
+    if (o->socket_path && (o->cpus || o->schedule || o->control_path))
+        return usage_error("%s", "under COD (--socket) the cores come from COD: "
+                                 "drop --cores, --cores-schedule and --control");
+    if (o->schedule) {
+        /* Parsed once here, so that a bad schedule is a usage error before the run starts. */
+        struct control *c;
+        if (control_open(o->schedule, NULL, &c, err, sizeof err) != 0)
+            return usage_error("--cores-schedule: %s", err);
+        control_close(c);
+    }
+    if (o->cod_name && !o->socket_path)
+        return usage_error("%s", "--name is the name under COD: it needs --socket");
+    if (o->cost_fn_path && !o->socket_path)
+        return usage_error("%s", "--cost-fn is pushed to COD: it needs --socket");
+    return GO_ON;
+}
+
 static int cmd_run(int argc, char **argv)
 {
     struct run_options o = { .seed = 1, .batch_queries = 2048, .batch_updates = 512 };
-    int *cpus = NULL, opt, status = 2;
-    size_t count;
-    char err[256];
+    int *cpus = NULL, opt, status = GO_ON;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "", RUN_OPTS, NULL)) != -1) {
-        switch (opt) {
-        case OPT_TUPLES:
-            if (parse_count(optarg, &o.tuples) != 0 || o.tuples == 0) {
-                status = usage_error("--tuples '%s': expected a positive count such as 3000000 or 30M", optarg);
-                goto out;
-            }
-            break;
-        case OPT_SECONDS:
-            if (parse_positive(optarg, &o.seconds) != 0) {
-                status = usage_error("--seconds '%s': expected a positive number", optarg);
-                goto out;
-            }
-            break;
-        case OPT_BATCHES:
-            if (parse_count(optarg, &count) != 0 || count == 0) {
-                status = usage_error("--batches '%s': expected a positive count", optarg);
-                goto out;
-            }
-            o.max_batches = count;
-            break;
-        case OPT_BQ:
-        case OPT_BU:
-            if (parse_count(optarg, &count) != 0 || count > (1u << 24)) {
-                status = usage_error("batch size '%s': expected a count from 0 to 16777216", optarg);
-                goto out;
-            }
-            *(opt == OPT_BQ ? &o.batch_queries : &o.batch_updates) = count;
-            break;
-        case OPT_SLA:
-            if (parse_positive(optarg, &o.sla_ms) != 0) {
-                status = usage_error("--sla-ms '%s': expected a positive number of milliseconds", optarg);
-                goto out;
-            }
-            break;
-        case OPT_THINK:
-            if (parse_positive(optarg, &o.think_ms) != 0 || o.think_ms > 60000) {
-                status = usage_error("--think-ms '%s': expected a positive number of milliseconds up to 60000", optarg);
-                goto out;
-            }
-            break;
-        case OPT_CORES:
-            free(cpus);
-            cpus = NULL;
-            if (cpulist_parse(optarg, &cpus, &o.ncpus, err, sizeof err) != 0) {
-                status = usage_error("--cores: %s", err);
-                goto out;
-            }
-            o.cpus = cpus;
-            break;
-        case OPT_NAIVE: o.naive = 1; break;
-        case OPT_SCHEDULE: o.schedule = optarg; break;
-        case OPT_CONTROL: o.control_path = optarg; break;
-        case OPT_SOCKET: o.socket_path = optarg; break;
-        case OPT_COSTFN: o.cost_fn_path = optarg; break;
-        case OPT_NAME:
-            if (!*optarg || strlen(optarg) > 63) {
-                status = usage_error("--name '%s': expected 1 to 63 bytes", optarg);
-                goto out;
-            }
-            o.cod_name = optarg;
-            break;
-        case OPT_CSV: o.csv_path = optarg; break;
-        case OPT_RESULTS: o.results_path = optarg; break;
-        case OPT_NONUMA: o.no_numa_binding = 1; break;
-        case OPT_MAXCORES:
-            if (parse_count(optarg, &count) != 0 || count == 0 || count > 4096) {
-                status = usage_error("--max-cores '%s': expected a count from 1 to 4096", optarg);
-                goto out;
-            }
-            o.max_cores = count;
-            break;
-        case OPT_SEED:
-            if (parse_count(optarg, &count) != 0) {
-                status = usage_error("--seed '%s': expected a non-negative integer", optarg);
-                goto out;
-            }
-            o.seed = count;
-            break;
-        case OPT_HELP:
-            fputs(USAGE, stdout);
-            status = 0;
-            goto out;
-        default:
-            status = usage_error("%s", "unknown option for run");
-            goto out;
-        }
-    }
-    if (optind < argc) {
+    while (status == GO_ON && (opt = getopt_long(argc, argv, "", RUN_OPTS, NULL)) != -1)
+        status = take_run_option(opt, &o, &cpus);
+    if (status == GO_ON && optind < argc)
         status = usage_error("unexpected argument '%s'", argv[optind]);
-        goto out;
-    }
-    if (o.tuples == 0) {
-        status = usage_error("%s", "run needs --tuples N");
-        goto out;
-    }
-    if (o.seconds == 0 && o.max_batches == 0) {
-        status = usage_error("%s", "run needs --seconds S or --batches B");
-        goto out;
-    }
-    if (o.batch_queries + o.batch_updates == 0) {
-        status = usage_error("%s", "a batch needs at least one query or update");
-        goto out;
-    }
-    if (o.naive && (o.cpus || o.schedule || o.control_path || o.socket_path)) {
-        status = usage_error("%s", "--naive runs on every core and reacts to nothing: "
-                                   "it takes none of --cores, --cores-schedule, --control, --socket");
-        goto out;
-    }
-    if (o.socket_path && (o.cpus || o.schedule || o.control_path)) {
-        status = usage_error("%s", "under COD (--socket) the cores come from COD: "
-                                   "drop --cores, --cores-schedule and --control");
-        goto out;
-    }
-    if (o.schedule) {
-        struct control *c;
-        if (control_open(o.schedule, NULL, &c, err, sizeof err) != 0) {
-            status = usage_error("--cores-schedule: %s", err);
-            goto out;
-        }
-        control_close(c);
-    }
-    if (o.cod_name && !o.socket_path) {
-        status = usage_error("%s", "--name is the name under COD: it needs --socket");
-        goto out;
-    }
-    if (o.cost_fn_path && !o.socket_path) {
-        status = usage_error("%s", "--cost-fn is pushed to COD: it needs --socket");
-        goto out;
-    }
-    status = cscs_run(&o);
-out:
+    if (status == GO_ON)
+        status = check_run_options(&o);
+    if (status == GO_ON)
+        status = cscs_run(&o);
     free(cpus);
     return status;
+}
+
+/* A list option of calibrate: *owned holds the list parsed (a repeated option replaces it),
+ * *list points to it. */
+static int take_count_list(const char *what, size_t **owned, const size_t **list, size_t *n)
+{
+    free(*owned);
+    if (parse_counts(optarg, owned, n) != 0)
+        return usage_error(what, optarg);
+    *list = *owned;
+    return GO_ON;
+}
+
+/* The lists of counts calibrate owns (given on the command line), freed at its end. */
+struct calib_lists {
+    size_t *cores, *tpc, *req;
+};
+
+/* One of calibrate's options (from getopt_long). */
+static int take_calibrate_option(int opt, struct calibrate_options *o, struct calib_lists *l)
+{
+    size_t count;
+    switch (opt) {
+    case OPT_CORES:
+        return take_count_list("--cores '%s': expected core counts such as 1,2", &l->cores, &o->cores,
+                               &o->ncores);
+    case OPT_TPC:
+        return take_count_list("--tuples-per-core '%s': expected counts such as 250k,1M", &l->tpc,
+                               &o->tuples_per_core, &o->ntpc);
+    case OPT_REQUESTS:
+        return take_count_list("--requests '%s': expected counts such as 640,2560", &l->req, &o->requests,
+                               &o->nrequests);
+    case OPT_BATCHES:
+        if (parse_count(optarg, &count) != 0 || count == 0 || count > 1000)
+            return usage_error("--batches '%s': expected 1 to 1000", optarg);
+        o->batches = (unsigned)count;
+        break;
+    case OPT_OUT: o->out_path = optarg; break;
+    case OPT_WALL: o->wall = 1; break;
+    case OPT_MODEL:
+        if (strcmp(optarg, "paper") == 0)
+            o->model = MODEL_PAPER;
+        else if (strcmp(optarg, "extended") == 0)
+            o->model = MODEL_EXTENDED;
+        else
+            return usage_error("--model '%s': expected paper or extended", optarg);
+        break;
+    case OPT_CSV: o->csv_path = optarg; break;
+    case OPT_SEED:
+        if (parse_count(optarg, &count) != 0)
+            return usage_error("--seed '%s': expected a non-negative integer", optarg);
+        o->seed = count;
+        break;
+    case OPT_HELP:
+        fputs(USAGE, stdout);
+        return 0;
+    default:
+        return usage_error("%s", "unknown option for calibrate");
+    }
+    return GO_ON;
+}
+
+/* Without --cores: 1 up to every CPU this process may use.  -1 when they cannot be read. */
+static int default_core_counts(struct calibrate_options *o, struct calib_lists *l)
+{
+    int *allowed = NULL;
+    size_t nallowed;
+    int rc = -1;
+    if (cpulist_allowed(&allowed, &nallowed) != 0)
+        goto out;
+    l->cores = calloc(nallowed, sizeof *l->cores);
+    if (!l->cores)
+        goto out;
+    for (size_t i = 0; i < nallowed; i++)
+        l->cores[i] = i + 1;
+    o->cores = l->cores;
+    o->ncores = nallowed;
+    rc = 0;
+out:
+    free(allowed);
+    return rc;
 }
 
 static int cmd_calibrate(int argc, char **argv)
@@ -311,93 +390,20 @@ static int cmd_calibrate(int argc, char **argv)
     struct calibrate_options o = { .tuples_per_core = TPC, .ntpc = 3, .requests = REQ,
                                    .nrequests = 4, .batches = 7, .seed = 1,
                                    .model = MODEL_PAPER };
-    size_t *cores = NULL, *tpc = NULL, *req = NULL, count;
-    int opt, status = 2, *allowed = NULL;
-    size_t nallowed;
+    struct calib_lists l = { NULL, NULL, NULL };
+    int opt, status = GO_ON;
     optind = 1;
-    while ((opt = getopt_long(argc, argv, "", CALIB_OPTS, NULL)) != -1) {
-        switch (opt) {
-        case OPT_CORES:
-            free(cores);
-            if (parse_counts(optarg, &cores, &o.ncores) != 0) {
-                status = usage_error("--cores '%s': expected core counts such as 1,2", optarg);
-                goto out;
-            }
-            o.cores = cores;
-            break;
-        case OPT_TPC:
-            free(tpc);
-            if (parse_counts(optarg, &tpc, &o.ntpc) != 0) {
-                status = usage_error("--tuples-per-core '%s': expected counts such as 250k,1M", optarg);
-                goto out;
-            }
-            o.tuples_per_core = tpc;
-            break;
-        case OPT_REQUESTS:
-            free(req);
-            if (parse_counts(optarg, &req, &o.nrequests) != 0) {
-                status = usage_error("--requests '%s': expected counts such as 640,2560", optarg);
-                goto out;
-            }
-            o.requests = req;
-            break;
-        case OPT_BATCHES:
-            if (parse_count(optarg, &count) != 0 || count == 0 || count > 1000) {
-                status = usage_error("--batches '%s': expected 1 to 1000", optarg);
-                goto out;
-            }
-            o.batches = (unsigned)count;
-            break;
-        case OPT_OUT: o.out_path = optarg; break;
-        case OPT_WALL: o.wall = 1; break;
-        case OPT_MODEL:
-            if (strcmp(optarg, "paper") == 0) {
-                o.model = MODEL_PAPER;
-            } else if (strcmp(optarg, "extended") == 0) {
-                o.model = MODEL_EXTENDED;
-            } else {
-                status = usage_error("--model '%s': expected paper or extended", optarg);
-                goto out;
-            }
-            break;
-        case OPT_CSV: o.csv_path = optarg; break;
-        case OPT_SEED:
-            if (parse_count(optarg, &count) != 0) {
-                status = usage_error("--seed '%s': expected a non-negative integer", optarg);
-                goto out;
-            }
-            o.seed = count;
-            break;
-        case OPT_HELP:
-            fputs(USAGE, stdout);
-            status = 0;
-            goto out;
-        default:
-            status = usage_error("%s", "unknown option for calibrate");
-            goto out;
-        }
-    }
-    if (optind < argc) {
+    while (status == GO_ON && (opt = getopt_long(argc, argv, "", CALIB_OPTS, NULL)) != -1)
+        status = take_calibrate_option(opt, &o, &l);
+    if (status == GO_ON && optind < argc)
         status = usage_error("unexpected argument '%s'", argv[optind]);
-        goto out;
-    }
-    if (!o.cores) {
-        if (cpulist_allowed(&allowed, &nallowed) != 0)
-            goto out;
-        cores = calloc(nallowed, sizeof *cores);
-        if (!cores)
-            goto out;
-        for (size_t i = 0; i < nallowed; i++)
-            cores[i] = i + 1;
-        o.cores = cores;
-        o.ncores = nallowed;
-    }
-    status = cscs_calibrate(&o);
-out:
-    free(cores);
-    free(tpc);
-    free(req);
-    free(allowed);
+    if (status == GO_ON && !o.cores && default_core_counts(&o, &l) != 0)
+        status = 2;
+    if (status == GO_ON)
+        status = cscs_calibrate(&o);
+    free(l.cores);
+    free(l.tpc);
+    free(l.req);
     return status;
 }
 

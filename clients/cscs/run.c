@@ -256,15 +256,22 @@ static void print_summary(const struct summary *s, double elapsed, double sla_ms
     double mean = 0;
     if (!sorted)
         return;
-    memcpy(sorted, s->rt_ms, s->n * sizeof *sorted);
-    qsort(sorted, s->n, sizeof *sorted, cmp_double);
+    /* A run stopped before batch 1 has no samples and s->rt_ms is NULL, which memcpy may
+     * not be given even for no bytes. */
+    if (s->n > 0) {
+        memcpy(sorted, s->rt_ms, s->n * sizeof *sorted);
+        qsort(sorted, s->n, sizeof *sorted, cmp_double);
+    }
     for (size_t i = 0; i < s->n; i++)
         mean += sorted[i] / (double)s->n;
+    double per_s = elapsed > 0 ? 1.0 / elapsed : 0; /* a run stopped at once: 0/s, not NaN */
     printf("summary: %zu batches, %zu requests (%zu queries) in %.2f s: %.0f requests/s, %.0f queries/s\n",
-           s->n, s->requests, s->queries, elapsed, (double)s->requests / elapsed,
-           (double)s->queries / elapsed);
-    printf("summary: response time ms: mean %.1f  p50 %.1f  p95 %.1f  max %.1f\n", mean,
-           percentile(sorted, s->n, 50), percentile(sorted, s->n, 95), s->n ? sorted[s->n - 1] : NAN);
+           s->n, s->requests, s->queries, elapsed, (double)s->requests * per_s, (double)s->queries * per_s);
+    if (s->n == 0)
+        printf("summary: response time ms: no batch ran\n");
+    else
+        printf("summary: response time ms: mean %.1f  p50 %.1f  p95 %.1f  max %.1f\n", mean,
+               percentile(sorted, s->n, 50), percentile(sorted, s->n, 95), sorted[s->n - 1]);
     if (sla_ms > 0)
         printf("summary: SLA %.0f ms met by %zu of %zu batches\n", sla_ms, s->sla_met, s->n);
     if (s->reconfigs)
@@ -317,255 +324,367 @@ static void on_stop_signal(int sig)
     stop_requested = 1;
 }
 
-int cscs_run(const struct run_options *o)
-{
-    char err[ERRLEN] = "";
-    int status = 1;
-    int *allowed = NULL, *glue_cpus = NULL;
-    size_t nallowed = 0, nglue = 0;
-    struct engine *e = NULL;
-    struct control *ctl = NULL;
-    struct cod_glue *glue = NULL;
-    FILE *csv = NULL, *results = NULL;
-    struct input_queue iq = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
-    struct mailbox mb = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
-    struct loadgen g = { 0 };
-    int gen_started = 0;
+/* Everything one run holds, shared by the steps below; run_release frees whatever the
+ * run got to. */
+struct run {
+    const struct run_options *o;
+    char err[ERRLEN];           /* why the run failed, for the last message */
+    int *allowed, *glue_cpus;
+    size_t nallowed, nglue;
+    const int *cpus;            /* the scan threads' CPUs at the start */
+    size_t ncpus;
+    struct engine *e;
+    struct control *ctl;
+    struct cod_glue *glue;
+    FILE *csv, *results;
+    struct input_queue iq;
+    struct mailbox mb;
+    struct loadgen g;
+    int gen_started;
     struct batch b;
-    struct batch_output out = { 0 };
-    struct summary sum = { 0 };
-    batch_init(&b);
+    struct batch_output out;
+    struct summary sum;
+    double start, prev_done;    /* the first batch's start, the latest batch's end */
+};
 
-    if (cpulist_allowed(&allowed, &nallowed) != 0) {
-        fprintf(stderr, "cscs: cannot read this process's CPU affinity: %s\n", strerror(errno));
-        return 1;
-    }
+/* COD (when --socket is given), the starting CPUs, the control hooks and the output files. */
+static int run_open(struct run *r)
+{
+    const struct run_options *o = r->o;
     struct glue_config gc = {
         .socket = o->socket_path, .name = o->cod_name, .cost_fn_path = o->cost_fn_path, .ntuples = o->tuples,
         .tuple_bytes = CSCS_TUPLE_BYTES, .batch_queries = o->batch_queries,
         .batch_updates = o->batch_updates, .sla_ms = o->sla_ms,
-        .max_cores = (int)(o->max_cores && o->max_cores < nallowed ? o->max_cores : nallowed),
+        .max_cores = (int)(o->max_cores && o->max_cores < r->nallowed ? o->max_cores : r->nallowed),
     };
-    if (cod_glue_open(&gc, &glue, &glue_cpus, &nglue, err, sizeof err) != 0)
-        goto fail;
-    const int *cpus = allowed;
-    size_t ncpus = nallowed;
-    if (glue) {
-        cpus = glue_cpus;
-        ncpus = nglue;
+    if (cod_glue_open(&gc, &r->glue, &r->glue_cpus, &r->nglue, r->err, sizeof r->err) != 0)
+        return -1;
+    r->cpus = r->allowed;
+    r->ncpus = r->nallowed;
+    if (r->glue) {
+        r->cpus = r->glue_cpus;
+        r->ncpus = r->nglue;
     } else if (o->cpus) {
-        cpus = o->cpus;
-        ncpus = o->ncpus;
+        r->cpus = o->cpus;
+        r->ncpus = o->ncpus;
     }
-    if (!o->naive && control_open(o->schedule, o->control_path, &ctl, err, sizeof err) != 0)
-        goto fail;
-    if (o->csv_path && !(csv = fopen(o->csv_path, "w"))) {
-        snprintf(err, sizeof err, "--csv %s: %s", o->csv_path, strerror(errno));
-        goto fail;
+    if (!o->naive && control_open(o->schedule, o->control_path, &r->ctl, r->err, sizeof r->err) != 0)
+        return -1;
+    if (o->csv_path && !(r->csv = fopen(o->csv_path, "w"))) {
+        snprintf(r->err, sizeof r->err, "--csv %s: %s", o->csv_path, strerror(errno));
+        return -1;
     }
-    if (o->results_path && !(results = fopen(o->results_path, "w"))) {
-        snprintf(err, sizeof err, "--results %s: %s", o->results_path, strerror(errno));
-        goto fail;
+    if (o->results_path && !(r->results = fopen(o->results_path, "w"))) {
+        snprintf(r->err, sizeof r->err, "--results %s: %s", o->results_path, strerror(errno));
+        return -1;
     }
+    return 0;
+}
 
+/* The engine with its table, between the header lines that say what was built. */
+static int run_create_engine(struct run *r)
+{
+    const struct run_options *o = r->o;
     char cpus_text[256];
-    cpulist_format(cpus, ncpus, cpus_text, sizeof cpus_text);
+    cpulist_format(r->cpus, r->ncpus, cpus_text, sizeof cpus_text);
     printf("# cscs run: %zu tuples x %d B (%.2f GB), %d attributes, seed %llu; "
            "batches of %zu queries + %zu updates; cores %s; %s\n",
            o->tuples, CSCS_TUPLE_BYTES, (double)o->tuples * CSCS_TUPLE_BYTES / 1e9, CSCS_NATTR,
            (unsigned long long)o->seed, o->batch_queries, o->batch_updates, cpus_text,
-           o->naive ? "naive (no reaction to anything)" : glue ? "COD" : "standalone");
+           o->naive ? "naive (no reaction to anything)" : r->glue ? "COD" : "standalone");
     fflush(stdout);
     double t0 = now_s();
-    struct engine_config ec = { .seed = o->seed, .ntuples = o->tuples, .cpus = cpus, .ncpus = ncpus,
+    struct engine_config ec = { .seed = o->seed, .ntuples = o->tuples, .cpus = r->cpus, .ncpus = r->ncpus,
                                 .no_numa_binding = o->no_numa_binding };
-    if (engine_create(&ec, &e, err, sizeof err) != 0)
-        goto fail;
-    printf("# table generated in %.2f s by %zu scan threads; memory %s\n", now_s() - t0, ncpus,
+    if (engine_create(&ec, &r->e, r->err, sizeof r->err) != 0)
+        return -1;
+    printf("# table generated in %.2f s by %zu scan threads; memory %s\n", now_s() - t0, r->ncpus,
            o->no_numa_binding ? "on the default policy"
                               : numa_binding_available() ? "bound to each core's NUMA node"
                                                          : "unbound (no NUMA support here)");
-    if (csv)
-        fprintf(csv, "batch,time_s,cores,cpus,queries,updates,rt_ms,index_ms,scan_max_ms,"
-                     "scan_min_ms,scan_max_cpu_ms,merge_ms,reconfig_ms,matches,throughput_rps,sla_met\n");
+    if (r->csv)
+        fprintf(r->csv, "batch,time_s,cores,cpus,queries,updates,rt_ms,index_ms,scan_max_ms,"
+                        "scan_min_ms,scan_max_cpu_ms,merge_ms,reconfig_ms,matches,throughput_rps,sla_met\n");
     printf("%7s %9s %5s %10s %10s %10s %12s\n", "batch", "time_s", "cores", "rt_ms", "scan_ms",
            "merge_ms", "tput_req/s");
     fflush(stdout);
+    return 0;
+}
 
-    g = (struct loadgen){ .iq = &iq, .mb = &mb, .rng = cscs_seed_hash(o->seed ^ 0x5EEDULL),
-                          .nkeys = engine_nkeys(e), .nq = o->batch_queries, .nu = o->batch_updates,
-                          .results = results, .think_ms = o->think_ms };
-    g.q = calloc(o->batch_queries + 1, sizeof *g.q);
-    g.u = calloc(o->batch_updates + 1, sizeof *g.u);
-    if (!g.q || !g.u) {
-        snprintf(err, sizeof err, "out of memory");
-        goto fail;
+/* The closed-loop load generator's thread (its request buffers first). */
+static int run_start_loadgen(struct run *r)
+{
+    const struct run_options *o = r->o;
+    r->g = (struct loadgen){ .iq = &r->iq, .mb = &r->mb, .rng = cscs_seed_hash(o->seed ^ 0x5EEDULL),
+                             .nkeys = engine_nkeys(r->e), .nq = o->batch_queries, .nu = o->batch_updates,
+                             .results = r->results, .think_ms = o->think_ms };
+    r->g.q = calloc(o->batch_queries + 1, sizeof *r->g.q);
+    r->g.u = calloc(o->batch_updates + 1, sizeof *r->g.u);
+    if (!r->g.q || !r->g.u) {
+        snprintf(r->err, sizeof r->err, "out of memory");
+        return -1;
     }
-    int rc = pthread_create(&g.th, NULL, loadgen_main, &g);
+    int rc = pthread_create(&r->g.th, NULL, loadgen_main, &r->g);
     if (rc != 0) {
-        snprintf(err, sizeof err, "cannot start the load generator: %s", strerror(rc));
-        goto fail;
+        snprintf(r->err, sizeof r->err, "cannot start the load generator: %s", strerror(rc));
+        return -1;
     }
-    gen_started = 1;
+    r->gen_started = 1;
+    return 0;
+}
 
+static void catch_stop_signals(void)
+{
     struct sigaction sa = { 0 };
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGINT, &sa, NULL);
-    double start = now_s(), prev_done = start;
+}
+
+/* The next change of cores due before batch seq: from the control hooks (a refused line
+ * is reported and the next one read), else from a COD upcall.  Returns 1 with *cmd, 0 when
+ * none is due, -1 on failure (r->err set). */
+static int next_command(struct run *r, uint64_t seq, struct control_cmd *cmd)
+{
+    char cerr[ERRLEN];
+    int due;
+    while ((due = control_poll(r->ctl, seq, now_s() - r->start, cmd, cerr, sizeof cerr)) < 0)
+        printf("# control: refused: %s\n", cerr);
+    if (due == 0 && r->glue) {
+        struct plan_part *cur = NULL;
+        size_t ncur = 0;
+        if (engine_layout(r->e, &cur, &ncur) != 0) {
+            snprintf(r->err, sizeof r->err, "out of memory");
+            return -1;
+        }
+        due = cod_glue_poll(r->glue, cur, ncur, &cmd->plan, cerr, sizeof cerr);
+        free(cur);
+        if (due < 0) {
+            printf("# cod: %s\n", cerr);
+            due = 0;
+        } else if (due > 0) {
+            cmd->kind = CONTROL_PLAN;
+            snprintf(cmd->source, sizeof cmd->source, "COD upcall");
+        }
+    }
+    return due;
+}
+
+/* A change of cores applied to the engine (COD told whether its plan was), and reported. */
+static void reconfigure(struct run *r, uint64_t seq, struct control_cmd *cmd, double *reconfig_ms)
+{
+    char before[256], after[256], cerr[ERRLEN];
+    struct reconfig_stats rs;
+    layout_text(r->e, before, sizeof before);
+    int arc = apply_command(r->e, cmd, &rs, cerr, sizeof cerr);
+    if (r->glue && strcmp(cmd->source, "COD upcall") == 0)
+        cod_glue_applied(r->glue, arc == 0);
+    if (arc != 0) {
+        printf("# reconfigure before batch %llu (%s): refused: %s\n",
+               (unsigned long long)seq, cmd->source, cerr);
+        return;
+    }
+    layout_text(r->e, after, sizeof after);
+    printf("# reconfigure before batch %llu (%s): cores %s -> %s: %zu tuples moved "
+           "(%zu chunks handed over whole), %zu scan threads started, %zu stopped, %.1f ms\n",
+           (unsigned long long)seq, cmd->source, before, after, rs.tuples_moved,
+           rs.chunks_handed_over, rs.threads_started, rs.threads_stopped, rs.ms);
+    fflush(stdout);
+    *reconfig_ms += rs.ms;
+    r->sum.reconfigs++;
+    r->sum.reconfig_ms += rs.ms;
+}
+
+/* Before the scan phase: every change of cores due, from COD or the hooks.  *stop when a
+ * stop command came; -1 on failure. */
+static int reconfigure_before_batch(struct run *r, uint64_t seq, double *reconfig_ms, int *stop)
+{
+    for (;;) {
+        struct control_cmd cmd;
+        int due = next_command(r, seq, &cmd);
+        if (due < 0)
+            return -1;
+        if (due == 0)
+            return 0;
+        if (cmd.kind == CONTROL_STOP) {
+            printf("# control: stop\n");
+            *stop = 1;
+            control_cmd_free(&cmd);
+            return 0;
+        }
+        reconfigure(r, seq, &cmd, reconfig_ms);
+        control_cmd_free(&cmd);
+    }
+}
+
+/* When the batch's oldest request was submitted: its response time counts from there. */
+static double oldest_submission(const struct batch *b)
+{
+    double submitted = INFINITY;
+    for (size_t i = 0; i < b->nq; i++)
+        submitted = fmin(submitted, b->q[i].submitted);
+    for (size_t i = 0; i < b->nu; i++)
+        submitted = fmin(submitted, b->u[i].submitted);
+    return submitted;
+}
+
+/* The batch's line (and CSV row) and its share of the summary; cores_now gets the cores
+ * it ran on. */
+static void report_batch(struct run *r, uint64_t seq, double submitted, const struct batch_stats *bs,
+                         double reconfig_ms, char *cores_now, size_t len)
+{
+    const struct run_options *o = r->o;
+    const struct batch *b = &r->b;
+    double done = now_s();
+    double rt_ms = (done - submitted) * 1e3;
+    double tput = (double)(b->nq + b->nu) / (done - r->prev_done);
+    r->prev_done = done;
+    int met = o->sla_ms <= 0 || rt_ms <= o->sla_ms;
+    layout_text(r->e, cores_now, len);
+    printf("%7llu %9.3f %5zu %10.2f %10.2f %10.2f %12.0f\n", (unsigned long long)seq,
+           done - r->start, bs->cores, rt_ms, bs->scan_max_ms, bs->merge_ms, tput);
+    fflush(stdout);
+    if (r->csv)
+        fprintf(r->csv, "%llu,%.6f,%zu,\"%s\",%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%zu,%.1f,%d\n",
+                (unsigned long long)seq, done - r->start, bs->cores, cores_now, b->nq, b->nu, rt_ms,
+                bs->index_ms, bs->scan_max_ms, bs->scan_min_ms, bs->scan_max_cpu_ms, bs->merge_ms,
+                reconfig_ms, bs->matches, tput, met);
+    if (reserve((void **)&r->sum.rt_ms, &r->sum.cap, r->sum.n + 1, sizeof *r->sum.rt_ms) == 0)
+        r->sum.rt_ms[r->sum.n++] = rt_ms;
+    r->sum.requests += b->nq + b->nu;
+    r->sum.queries += b->nq;
+    r->sum.sla_met += (size_t)met;
+}
+
+/* Hand the answer to the client and wait until it has it. */
+static void hand_answer(struct run *r, uint64_t seq, const char *cores_now)
+{
+    struct mailbox *mb = &r->mb;
+    pthread_mutex_lock(&mb->mu);
+    mb->seq = seq;
+    mb->out = &r->out;
+    snprintf(mb->cpus, sizeof mb->cpus, "%s", cores_now);
+    mb->full = 1;
+    pthread_cond_broadcast(&mb->cv);
+    while (mb->full)
+        pthread_cond_wait(&mb->cv, &mb->mu);
+    pthread_mutex_unlock(&mb->mu);
+}
+
+/* Batch seq: taken from the input queue, run, reported and answered. */
+static int run_one_batch(struct run *r, uint64_t seq, double reconfig_ms)
+{
+    const struct run_options *o = r->o;
+    int trc = iq_take(&r->iq, o->batch_queries, o->batch_updates, &r->b);
+    if (trc != 0) {
+        snprintf(r->err, sizeof r->err, trc > 0 ? "the load generator stopped" : "out of memory");
+        return -1;
+    }
+    r->b.seq = seq;
+    double submitted = oldest_submission(&r->b);
+    struct batch_stats bs;
+    if (engine_run_batch(r->e, &r->b, &r->out, &bs, r->err, sizeof r->err) != 0)
+        return -1;
+    char cores_now[256];
+    report_batch(r, seq, submitted, &bs, reconfig_ms, cores_now, sizeof cores_now);
+    hand_answer(r, seq, cores_now);
+    if (r->g.failed) {
+        snprintf(r->err, sizeof r->err, "the load generator failed");
+        return -1;
+    }
+    return 0;
+}
+
+/* The coordinator's loop: batch after batch until --batches, --seconds, a signal or a stop
+ * command ends the run.  -1 on failure. */
+static int run_batches(struct run *r)
+{
+    const struct run_options *o = r->o;
     int stop = 0;
     for (uint64_t seq = 1; !stop; seq++) {
         if (o->max_batches && seq > o->max_batches)
             break;
-        if (o->seconds > 0 && now_s() - start >= o->seconds)
+        if (o->seconds > 0 && now_s() - r->start >= o->seconds)
             break;
         if (stop_requested) {
             printf("# stopped by a signal\n");
             break;
         }
-        /* Before the scan phase: changes of cores, from COD or the hooks. */
         double reconfig_ms = 0;
-        for (;;) {
-            struct control_cmd cmd;
-            char cerr[ERRLEN];
-            struct plan_part *cur = NULL;
-            size_t ncur = 0;
-            int due = control_poll(ctl, seq, now_s() - start, &cmd, cerr, sizeof cerr);
-            if (due < 0) {
-                printf("# control: refused: %s\n", cerr);
-                continue;
-            }
-            if (due == 0 && glue) {
-                if (engine_layout(e, &cur, &ncur) != 0) {
-                    snprintf(err, sizeof err, "out of memory");
-                    goto fail;
-                }
-                due = cod_glue_poll(glue, cur, ncur, &cmd.plan, cerr, sizeof cerr);
-                free(cur);
-                if (due < 0) {
-                    printf("# cod: %s\n", cerr);
-                    due = 0;
-                } else if (due > 0) {
-                    cmd.kind = CONTROL_PLAN;
-                    snprintf(cmd.source, sizeof cmd.source, "COD upcall");
-                }
-            }
-            if (due == 0)
-                break;
-            if (cmd.kind == CONTROL_STOP) {
-                printf("# control: stop\n");
-                stop = 1;
-                control_cmd_free(&cmd);
-                break;
-            }
-            char before[256], after[256];
-            struct reconfig_stats rs;
-            layout_text(e, before, sizeof before);
-            int arc = apply_command(e, &cmd, &rs, cerr, sizeof cerr);
-            if (glue && strcmp(cmd.source, "COD upcall") == 0)
-                cod_glue_applied(glue, arc == 0);
-            if (arc != 0) {
-                printf("# reconfigure before batch %llu (%s): refused: %s\n",
-                       (unsigned long long)seq, cmd.source, cerr);
-            } else {
-                layout_text(e, after, sizeof after);
-                printf("# reconfigure before batch %llu (%s): cores %s -> %s: %zu tuples moved "
-                       "(%zu chunks handed over whole), %zu scan threads started, %zu stopped, %.1f ms\n",
-                       (unsigned long long)seq, cmd.source, before, after, rs.tuples_moved,
-                       rs.chunks_handed_over, rs.threads_started, rs.threads_stopped, rs.ms);
-                fflush(stdout);
-                reconfig_ms += rs.ms;
-                sum.reconfigs++;
-                sum.reconfig_ms += rs.ms;
-            }
-            control_cmd_free(&cmd);
-        }
+        if (reconfigure_before_batch(r, seq, &reconfig_ms, &stop) != 0)
+            return -1;
         if (stop)
             break;
-        int trc = iq_take(&iq, o->batch_queries, o->batch_updates, &b);
-        if (trc != 0) {
-            snprintf(err, sizeof err, trc > 0 ? "the load generator stopped" : "out of memory");
-            goto fail;
-        }
-        b.seq = seq;
-        double submitted = INFINITY;
-        for (size_t i = 0; i < b.nq; i++)
-            submitted = fmin(submitted, b.q[i].submitted);
-        for (size_t i = 0; i < b.nu; i++)
-            submitted = fmin(submitted, b.u[i].submitted);
-        struct batch_stats bs;
-        if (engine_run_batch(e, &b, &out, &bs, err, sizeof err) != 0)
-            goto fail;
-        double done = now_s();
-        double rt_ms = (done - submitted) * 1e3;
-        double tput = (double)(b.nq + b.nu) / (done - prev_done);
-        prev_done = done;
-        int met = o->sla_ms <= 0 || rt_ms <= o->sla_ms;
-        char cores_now[256];
-        layout_text(e, cores_now, sizeof cores_now);
-        printf("%7llu %9.3f %5zu %10.2f %10.2f %10.2f %12.0f\n", (unsigned long long)seq,
-               done - start, bs.cores, rt_ms, bs.scan_max_ms, bs.merge_ms, tput);
-        fflush(stdout);
-        if (csv)
-            fprintf(csv, "%llu,%.6f,%zu,\"%s\",%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%zu,%.1f,%d\n",
-                    (unsigned long long)seq, done - start, bs.cores, cores_now, b.nq, b.nu, rt_ms,
-                    bs.index_ms, bs.scan_max_ms, bs.scan_min_ms, bs.scan_max_cpu_ms, bs.merge_ms,
-                    reconfig_ms, bs.matches, tput, met);
-        if (reserve((void **)&sum.rt_ms, &sum.cap, sum.n + 1, sizeof *sum.rt_ms) == 0)
-            sum.rt_ms[sum.n++] = rt_ms;
-        sum.requests += b.nq + b.nu;
-        sum.queries += b.nq;
-        sum.sla_met += (size_t)met;
-        /* Hand the answer to the client and wait until it has it. */
-        pthread_mutex_lock(&mb.mu);
-        mb.seq = seq;
-        mb.out = &out;
-        snprintf(mb.cpus, sizeof mb.cpus, "%s", cores_now);
-        mb.full = 1;
-        pthread_cond_broadcast(&mb.cv);
-        while (mb.full)
-            pthread_cond_wait(&mb.cv, &mb.mu);
-        pthread_mutex_unlock(&mb.mu);
-        if (g.failed) {
-            snprintf(err, sizeof err, "the load generator failed");
-            goto fail;
-        }
+        if (run_one_batch(r, seq, reconfig_ms) != 0)
+            return -1;
     }
-    print_summary(&sum, prev_done - start, o->sla_ms);
-    status = 0;
-    goto cleanup;
-fail:
-    fprintf(stderr, "cscs: %s\n", err);
-    status = 1;
-cleanup:
-    if (gen_started) {
-        pthread_mutex_lock(&mb.mu);
-        mb.closed = 1;
-        pthread_cond_broadcast(&mb.cv);
-        pthread_mutex_unlock(&mb.mu);
-        iq_close(&iq);
-        pthread_join(g.th, NULL);
+    return 0;
+}
+
+/* Everything the run holds released, the load generator told to end first; the output
+ * files closed, a failure to write them turning success into 1.  Returns the exit status. */
+static int run_release(struct run *r, int status)
+{
+    const struct run_options *o = r->o;
+    if (r->gen_started) {
+        pthread_mutex_lock(&r->mb.mu);
+        r->mb.closed = 1;
+        pthread_cond_broadcast(&r->mb.cv);
+        pthread_mutex_unlock(&r->mb.mu);
+        iq_close(&r->iq);
+        pthread_join(r->g.th, NULL);
     }
-    free(g.q);
-    free(g.u);
-    engine_destroy(e);
-    control_close(ctl);
-    cod_glue_close(glue);
-    free(glue_cpus);
-    free(allowed);
-    batch_free(&b);
-    batch_output_free(&out);
-    free(sum.rt_ms);
-    free(iq.q);
-    free(iq.u);
-    if (csv && fclose(csv) != 0 && status == 0) {
+    free(r->g.q);
+    free(r->g.u);
+    engine_destroy(r->e);
+    control_close(r->ctl);
+    cod_glue_close(r->glue);
+    free(r->glue_cpus);
+    free(r->allowed);
+    batch_free(&r->b);
+    batch_output_free(&r->out);
+    free(r->sum.rt_ms);
+    free(r->iq.q);
+    free(r->iq.u);
+    if (r->csv && fclose(r->csv) != 0 && status == 0) {
         fprintf(stderr, "cscs: writing --csv %s: %s\n", o->csv_path, strerror(errno));
         status = 1;
     }
-    if (results && fclose(results) != 0 && status == 0) {
+    if (r->results && fclose(r->results) != 0 && status == 0) {
         fprintf(stderr, "cscs: writing --results %s: %s\n", o->results_path, strerror(errno));
         status = 1;
     }
     return status;
+}
+
+int cscs_run(const struct run_options *o)
+{
+    struct run r = {
+        .o = o,
+        .iq = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER },
+        .mb = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER },
+    };
+    int status = 1;
+    batch_init(&r.b);
+
+    if (cpulist_allowed(&r.allowed, &r.nallowed) != 0) {
+        fprintf(stderr, "cscs: cannot read this process's CPU affinity: %s\n", strerror(errno));
+        return 1;
+    }
+    if (run_open(&r) != 0 || run_create_engine(&r) != 0 || run_start_loadgen(&r) != 0)
+        goto fail;
+    catch_stop_signals();
+    r.start = now_s();
+    r.prev_done = r.start;
+    if (run_batches(&r) != 0)
+        goto fail;
+    print_summary(&r.sum, r.prev_done - r.start, o->sla_ms);
+    status = 0;
+    goto cleanup;
+fail:
+    fprintf(stderr, "cscs: %s\n", r.err);
+    status = 1;
+cleanup:
+    return run_release(&r, status);
 }

@@ -71,32 +71,34 @@ static int fail(cod_conn *c, const char *what)
     return 1;
 }
 
-int main(int argc, char **argv)
+/* The command line; 0, or 1 after the usage line. */
+static int parse_args(int argc, char **argv, int *sla_ms, double *timeout_s)
 {
-    int sla_ms = 3000;
-    double timeout_s = 10;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--socket") == 0 && i + 1 < argc)
             setenv("COD_SOCKET", argv[++i], 1);
         else if (strcmp(argv[i], "--sla-ms") == 0 && i + 1 < argc)
-            sla_ms = atoi(argv[++i]);
+            *sla_ms = atoi(argv[++i]);
         else if (strcmp(argv[i], "--timeout") == 0 && i + 1 < argc)
-            timeout_s = atof(argv[++i]);
+            *timeout_s = atof(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--socket PATH] [--sla-ms MS] [--timeout S]\n", argv[0]);
             return 1;
         }
     }
-    setenv("COD_APP", "cscs", 0);
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    cscs state = {.first_upcall_ms = -1, .epoch = -1};
+    return 0;
+}
 
-    /* Lines 1-4: bind to the RM and the SKB. */
-    state.t_connect = now_ms();
+/* The steps below return 0, or the exit status with the connection already freed. */
+
+/* Lines 1-4: bind to the RM and the SKB. */
+static int bind_rm_and_skb(cscs *state, cod_conn **out)
+{
+    state->t_connect = now_ms();
     cod_conn *c = rsmgr_client_connect(COD_USE_SKB);
     if (!c)
         return fail(NULL, "connecting");
-    if (rsmgr_register_function(c, "cscs", on_allocation, &state) != 0)
+    if (rsmgr_register_function(c, "cscs", on_allocation, state) != 0)
         return fail(c, "registering");
     cod_dispatch(c); /* the first allocation upcall, sent with the registration */
     if (skb_client_connect(c) != 0)
@@ -107,7 +109,14 @@ int main(int argc, char **argv)
            cod_is_direct(c) ? "true" : "false");
     free(machine);
     cod_reply_free(info);
+    *out = c;
+    return 0;
+}
 
+/* Lines 6-17: the system-level properties, then the dataset, the workload and the cost
+ * function of Section 4.4. */
+static int push_properties_and_facts(cod_conn *c, int sla_ms)
+{
     /* Lines 6-9: system-level properties. */
     if (skb_system_fact(c, maxCores, MAX_CORES) || skb_system_fact(c, bound, CPU) ||
         skb_system_fact(c, sensitive, cache) || skb_system_fact(c, sensitive, NUMA))
@@ -124,9 +133,13 @@ int main(int argc, char **argv)
     printf("facts pushed: [\"db_ntuple(3750000)\", \"db_tsize(315)\", \"db_nquery(2048)\", \"db_nupdate(256)\", "
            "\"db_rtime(%d)\", \"%s\"]\n",
            sla_ms, cost_fn);
+    return 0;
+}
 
-    /* Line 19: the stored procedure of Listing 3 is in the SKB's library (stored_procedures/).
-     * Line 20: run it. */
+/* Line 19: the stored procedure of Listing 3 is in the SKB's library (stored_procedures/).
+ * Line 20: run it; *ncores is the core count it derived.  2 when the SLA cannot be met. */
+static int run_deployment_procedure(cod_conn *c, long long *ncores)
+{
     cod_reply *r = skb_execute_query(c, "dbos_cost_function(Status, NrCores, PartSize)");
     if (!r)
         return fail(c, "the deployment procedure");
@@ -136,9 +149,9 @@ int main(int argc, char **argv)
         cod_free(c);
         return 1;
     }
-    long long status = -1, ncores = 0;
+    long long status = -1;
     cod_value_int(cod_reply_get(r, 0, "Status"), &status);
-    cod_value_int(cod_reply_get(r, 0, "NrCores"), &ncores);
+    cod_value_int(cod_reply_get(r, 0, "NrCores"), ncores);
     char *sol = cod_value_json(cod_reply_solution(r, 0));
     printf("deployment derived by the SKB: %s\n", sol);
     free(sol);
@@ -149,9 +162,13 @@ int main(int argc, char **argv)
         cod_free(c);
         return 2;
     }
+    return 0;
+}
 
-    /* The procedure's outcome becomes the task's properties; the RM re-plans and sends the
-     * upcall with the concrete cores. */
+/* The procedure's outcome becomes the task's properties; the RM re-plans and sends the
+ * upcall with the concrete cores, awaited here until the timeout. */
+static int await_allocation_upcall(cod_conn *c, cscs *state, long long ncores, double timeout_s)
+{
     if (skb_system_fact(c, minCores, ncores) || skb_system_fact(c, maxCores, ncores))
         return fail(c, "the core count");
     cod_allocation a = {0};
@@ -160,13 +177,20 @@ int main(int argc, char **argv)
     long long want_epoch = a.epoch;
     cod_allocation_clear(&a);
     double deadline = now_ms() + timeout_s * 1000;
-    while (!(state.epoch >= want_epoch && state.ncores == (size_t)ncores) && now_ms() < deadline)
+    while (!(state->epoch >= want_epoch && state->ncores == (size_t)ncores) && now_ms() < deadline)
         cod_wait_event(c, 100);
-    if (state.ncores != (size_t)ncores) {
+    if (state->ncores != (size_t)ncores) {
         fprintf(stderr, "listing1: no allocation upcall with %lld cores within %.1f s\n", ncores, timeout_s);
         cod_free(c);
         return 1;
     }
+    return 0;
+}
+
+/* The allocation as the library last heard it, and the time to the first upcall. */
+static int print_allocation_heard(cod_conn *c, const cscs *state)
+{
+    cod_allocation a = {0};
     if (cod_last_allocation(c, "cscs", &a))
         return fail(c, "the allocation heard");
     printf("allocation: {\"epoch\": %lld, ", a.epoch);
@@ -174,8 +198,34 @@ int main(int argc, char **argv)
     print_ints("numa_nodes", a.numa_nodes, a.nnuma_nodes, 0);
     print_ints("memory_nodes", a.memory_nodes, a.nmemory_nodes, 1);
     printf("}\n");
-    printf("timing: {\"connect_to_first_upcall_ms\": %.3f}\n", state.first_upcall_ms);
+    printf("timing: {\"connect_to_first_upcall_ms\": %.3f}\n", state->first_upcall_ms);
     cod_allocation_clear(&a);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int sla_ms = 3000;
+    double timeout_s = 10;
+    if (parse_args(argc, argv, &sla_ms, &timeout_s))
+        return 1;
+    setenv("COD_APP", "cscs", 0);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    cscs state = {.first_upcall_ms = -1, .epoch = -1};
+
+    cod_conn *c = NULL;
+    long long ncores = 0;
+    int rc = bind_rm_and_skb(&state, &c);
+    if (!rc)
+        rc = push_properties_and_facts(c, sla_ms);
+    if (!rc)
+        rc = run_deployment_procedure(c, &ncores);
+    if (!rc)
+        rc = await_allocation_upcall(c, &state, ncores, timeout_s);
+    if (!rc)
+        rc = print_allocation_heard(c, &state);
+    if (rc)
+        return rc; /* the step that failed freed the connection */
     cod_free(c);
     return 0;
 }

@@ -145,6 +145,97 @@ static int fail_why(char **why, const char *what, const char *detail, const char
     return COD_EINVAL;
 }
 
+/* The length modifiers a conversion may carry: none, hh, h, l, ll, z, j, t. */
+enum length { LEN_NONE, LEN_HH, LEN_H, LEN_L, LEN_LL, LEN_Z, LEN_J, LEN_T };
+
+/* The length modifier at *pp, if any; *pp is left at the character after it (the
+ * conversion's letter in a well-formed template). */
+static enum length parse_length(const char **pp)
+{
+    const char *p = *pp;
+    enum length len = LEN_NONE;
+    if (*p == 'h') {
+        len = LEN_H;
+        if (p[1] == 'h') {
+            len = LEN_HH;
+            p++;
+        }
+        p++;
+    } else if (*p == 'l') {
+        len = LEN_L;
+        if (p[1] == 'l') {
+            len = LEN_LL;
+            p++;
+        }
+        p++;
+    } else if (*p == 'z') {
+        len = LEN_Z;
+        p++;
+    } else if (*p == 'j') {
+        len = LEN_J;
+        p++;
+    } else if (*p == 't') {
+        len = LEN_T;
+        p++;
+    }
+    *pp = p;
+    return len;
+}
+
+/* The argument of %d or %i, read as the type its length modifier names (char and short
+ * arrive promoted to int).  args points at the caller's va_list (C11 7.16 allows that), so
+ * the caller's next conversion reads the argument after this one. */
+static long long signed_arg(va_list *args, enum length len)
+{
+    switch (len) {
+    case LEN_L: return va_arg(*args, long);
+    case LEN_LL: return va_arg(*args, long long);
+    case LEN_Z: return (long long)va_arg(*args, ssize_t);
+    case LEN_J: return (long long)va_arg(*args, intmax_t);
+    case LEN_T: return (long long)va_arg(*args, ptrdiff_t);
+    case LEN_HH: return (signed char)va_arg(*args, int);
+    case LEN_H: return (short)va_arg(*args, int);
+    default: return va_arg(*args, int);
+    }
+}
+
+/* The argument of %u or %x, as signed_arg reads that of %d. */
+static unsigned long long unsigned_arg(va_list *args, enum length len)
+{
+    switch (len) {
+    case LEN_L: return va_arg(*args, unsigned long);
+    case LEN_LL: return va_arg(*args, unsigned long long);
+    case LEN_Z: return va_arg(*args, size_t);
+    case LEN_J: return (unsigned long long)va_arg(*args, uintmax_t);
+    case LEN_T: return (unsigned long long)va_arg(*args, ptrdiff_t);
+    case LEN_HH: return (unsigned char)va_arg(*args, unsigned);
+    case LEN_H: return (unsigned short)va_arg(*args, unsigned);
+    default: return va_arg(*args, unsigned);
+    }
+}
+
+/* The literal text from *pp up to the next '%' or the end, copied as it is; *pp is left
+ * at its last character. */
+static int put_literal(cod_buf *b, const char **pp)
+{
+    const char *p = *pp, *q = p;
+    while (q[1] && q[1] != '%')
+        q++;
+    *pp = q;
+    return cod_buf_append(b, p, (size_t)(q - p + 1));
+}
+
+/* The error for a conversion this formatter does not take, quoting it from its '%'
+ * (at most 30 characters of it). */
+static int fail_unsupported(char **why, const char *spec)
+{
+    size_t n = strcspn(spec + 1, "dixufgesq%") + 2;
+    char conv[32];
+    snprintf(conv, sizeof conv, "%.*s", (int)(n < 30 ? n : 30), spec);
+    return fail_why(why, "unsupported conversion \"", conv,
+                    "\": use %d %i %u %x (hh h l ll z j t), %f %g %e, %s (an atom), %q (a string) or %%");
+}
+
 int cod_vformat_to(cod_buf *b, const char *fmt, va_list ap, char **why)
 {
     if (!fmt)
@@ -156,79 +247,27 @@ int cod_vformat_to(cod_buf *b, const char *fmt, va_list ap, char **why)
     int rc = 0;
     for (const char *p = fmt; *p && !rc; p++) {
         if (*p != '%') {
-            const char *q = p;
-            while (q[1] && q[1] != '%')
-                q++;
-            rc = cod_buf_append(b, p, (size_t)(q - p + 1));
-            p = q;
+            rc = put_literal(b, &p);
             continue;
         }
         const char *spec = p++;
-        int len = 0; /* 0 int, 1 char (hh), 2 short (h), 3 long, 4 long long, 5 size_t, 6 intmax_t, 7 ptrdiff_t */
-        if (*p == 'h') {
-            len = 2;
-            if (p[1] == 'h') {
-                len = 1;
-                p++;
-            }
-            p++;
-        } else if (*p == 'l') {
-            len = 3;
-            if (p[1] == 'l') {
-                len = 4;
-                p++;
-            }
-            p++;
-        } else if (*p == 'z') {
-            len = 5;
-            p++;
-        } else if (*p == 'j') {
-            len = 6;
-            p++;
-        } else if (*p == 't') {
-            len = 7;
-            p++;
-        }
+        enum length len = parse_length(&p);
         switch (*p) {
         case '%':
             rc = len ? COD_EINVAL : cod_buf_putc(b, '%');
             break;
         case 'd':
-        case 'i': {
-            long long v;
-            switch (len) {
-            case 3: v = va_arg(args, long); break;
-            case 4: v = va_arg(args, long long); break;
-            case 5: v = (long long)va_arg(args, ssize_t); break;
-            case 6: v = (long long)va_arg(args, intmax_t); break;
-            case 7: v = (long long)va_arg(args, ptrdiff_t); break;
-            case 1: v = (signed char)va_arg(args, int); break;
-            case 2: v = (short)va_arg(args, int); break;
-            default: v = va_arg(args, int); break;
-            }
-            rc = put_int(b, v, 0, 0, 0);
+        case 'i':
+            rc = put_int(b, signed_arg(&args, len), 0, 0, 0);
             break;
-        }
         case 'u':
-        case 'x': {
-            unsigned long long u;
-            switch (len) {
-            case 3: u = va_arg(args, unsigned long); break;
-            case 4: u = va_arg(args, unsigned long long); break;
-            case 5: u = va_arg(args, size_t); break;
-            case 6: u = (unsigned long long)va_arg(args, uintmax_t); break;
-            case 7: u = (unsigned long long)va_arg(args, ptrdiff_t); break;
-            case 1: u = (unsigned char)va_arg(args, unsigned); break;
-            case 2: u = (unsigned short)va_arg(args, unsigned); break;
-            default: u = va_arg(args, unsigned); break;
-            }
-            rc = put_int(b, 0, u, 1, *p == 'x');
+        case 'x':
+            rc = put_int(b, 0, unsigned_arg(&args, len), 1, *p == 'x');
             break;
-        }
         case 'f':
         case 'g':
         case 'e': {
-            if (len && len != 3) {
+            if (len && len != LEN_L) {
                 rc = COD_EINVAL;
                 break;
             }
@@ -242,11 +281,11 @@ int cod_vformat_to(cod_buf *b, const char *fmt, va_list ap, char **why)
         }
         case 's':
         case 'q': {
-            const char *s = len ? NULL : va_arg(args, const char *);
             if (len) {
                 rc = COD_EINVAL;
                 break;
             }
+            const char *s = va_arg(args, const char *);
             if (!s) {
                 va_end(args);
                 return fail_why(why, "a NULL string for %", *p == 's' ? "s" : "q", "");
@@ -264,11 +303,7 @@ int cod_vformat_to(cod_buf *b, const char *fmt, va_list ap, char **why)
         }
         if (rc == COD_EINVAL) {
             va_end(args);
-            size_t n = strcspn(spec + 1, "dixufgesq%") + 2;
-            char conv[32];
-            snprintf(conv, sizeof conv, "%.*s", (int)(n < 30 ? n : 30), spec);
-            return fail_why(why, "unsupported conversion \"", conv,
-                            "\": use %d %i %u %x (hh h l ll z j t), %f %g %e, %s (an atom), %q (a string) or %%");
+            return fail_unsupported(why, spec);
         }
         if (!*p)
             break;

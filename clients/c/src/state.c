@@ -218,6 +218,70 @@ static void remember_allocation(cod_conn *c, const json_t *alloc)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* A registered task: its procedures and facts held, the task kept with a copy of its
+ * properties (and pid) for the replay, and the allocation the reply carried. */
+static void note_register_task(cod_conn *c, const json_t *params, const json_t *result)
+{
+    const char *name = json_string_value(json_object_get(params, "name"));
+    int persistent = json_is_true(json_object_get(params, "persistent"));
+    if (!name)
+        return;
+    size_t i;
+    json_t *p;
+    json_array_foreach(json_object_get(params, "procedures"), i, p)
+        if (json_is_string(p)) hold_procedure(c, json_string_value(p), persistent, NULL);
+    hold_facts(c, 0, json_object_get(params, "facts"), persistent);
+    json_t *props = json_object_get(params, "properties");
+    json_t *task = json_pack("{s:s, s:o}", "name", name, "properties",
+                             json_is_object(props) ? json_deep_copy(props) : json_object());
+    json_t *pid = json_object_get(params, "pid");
+    if (task && pid)
+        json_object_set(task, "pid", pid);
+    if (task)
+        json_object_set_new(c->tasks, name, task);
+    remember_allocation(c, json_object_get(result, "allocation"));
+}
+
+/* A subscription made with cod_call or a batch: replayed, but it has no handler. */
+static void note_subscribe(cod_conn *c, const json_t *params, const json_t *result)
+{
+    json_t *sid = json_object_get(result, "subscription");
+    cod_sub *s = calloc(1, sizeof *s);
+    if (!s || !json_is_integer(sid)) {
+        free(s);
+        return;
+    }
+    s->kind = COD_SUB_EVENT;
+    s->event = strdup(json_string_value(json_object_get(params, "event")));
+    json_t *filter = json_object_get(params, "filter");
+    s->filter = filter ? json_deep_copy(filter) : json_object();
+    s->server_id = json_integer_value(sid);
+    pthread_mutex_lock(&c->mu);
+    s->id = c->next_sub++;
+    s->next = c->subs;
+    c->subs = s;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* A batch: each call that succeeded is noted as if it had been made alone. */
+static void note_batch(cod_conn *c, const json_t *params, const json_t *result)
+{
+    json_t *calls = json_object_get(params, "calls");
+    size_t i;
+    json_t *item;
+    json_array_foreach(json_object_get(result, "results"), i, item) {
+        json_t *call = json_array_get(calls, i);
+        const char *m = json_string_value(json_object_get(call, "method"));
+        json_t *r = json_object_get(item, "result");
+        if (m && r && !json_object_get(item, "error")) {
+            json_t *p = json_object_get(call, "params");
+            json_t *empty = p ? NULL : json_object();
+            cod_state_note(c, m, p ? p : empty, r);
+            json_decref(empty);
+        }
+    }
+}
+
 void cod_state_note(cod_conn *c, const char *method, const json_t *params, const json_t *result)
 {
     if (strcmp(method, "add_facts") == 0) {
@@ -234,24 +298,7 @@ void cod_state_note(cod_conn *c, const char *method, const json_t *params, const
             hold_procedure(c, text, json_is_true(json_object_get(params, "persistent")),
                            json_object_get(result, "predicates"));
     } else if (strcmp(method, "register_task") == 0) {
-        const char *name = json_string_value(json_object_get(params, "name"));
-        int persistent = json_is_true(json_object_get(params, "persistent"));
-        if (!name)
-            return;
-        size_t i;
-        json_t *p;
-        json_array_foreach(json_object_get(params, "procedures"), i, p)
-            if (json_is_string(p)) hold_procedure(c, json_string_value(p), persistent, NULL);
-        hold_facts(c, 0, json_object_get(params, "facts"), persistent);
-        json_t *props = json_object_get(params, "properties");
-        json_t *task = json_pack("{s:s, s:o}", "name", name, "properties",
-                                 json_is_object(props) ? json_deep_copy(props) : json_object());
-        json_t *pid = json_object_get(params, "pid");
-        if (task && pid)
-            json_object_set(task, "pid", pid);
-        if (task)
-            json_object_set_new(c->tasks, name, task);
-        remember_allocation(c, json_object_get(result, "allocation"));
+        note_register_task(c, params, result);
     } else if (strcmp(method, "update_task") == 0) {
         const char *name = json_string_value(json_object_get(result, "task"));
         json_t *task = name ? json_object_get(c->tasks, name) : NULL;
@@ -266,42 +313,13 @@ void cod_state_note(cod_conn *c, const char *method, const json_t *params, const
     } else if (strcmp(method, "request_allocation") == 0 || strcmp(method, "get_allocation") == 0) {
         remember_allocation(c, result);
     } else if (strcmp(method, "subscribe") == 0) {
-        /* A subscription made with cod_call or a batch: replayed, but it has no handler. */
-        json_t *sid = json_object_get(result, "subscription");
-        cod_sub *s = calloc(1, sizeof *s);
-        if (!s || !json_is_integer(sid)) {
-            free(s);
-            return;
-        }
-        s->kind = COD_SUB_EVENT;
-        s->event = strdup(json_string_value(json_object_get(params, "event")));
-        json_t *filter = json_object_get(params, "filter");
-        s->filter = filter ? json_deep_copy(filter) : json_object();
-        s->server_id = json_integer_value(sid);
-        pthread_mutex_lock(&c->mu);
-        s->id = c->next_sub++;
-        s->next = c->subs;
-        c->subs = s;
-        pthread_mutex_unlock(&c->mu);
+        note_subscribe(c, params, result);
     } else if (strcmp(method, "unsubscribe") == 0) {
         cod_sub *s = cod_sub_find_server(c, json_integer_value(json_object_get(params, "subscription")));
         if (s)
             sub_unlink(c, s);
     } else if (strcmp(method, "batch") == 0) {
-        json_t *calls = json_object_get(params, "calls");
-        size_t i;
-        json_t *item;
-        json_array_foreach(json_object_get(result, "results"), i, item) {
-            json_t *call = json_array_get(calls, i);
-            const char *m = json_string_value(json_object_get(call, "method"));
-            json_t *r = json_object_get(item, "result");
-            if (m && r && !json_object_get(item, "error")) {
-                json_t *p = json_object_get(call, "params");
-                json_t *empty = p ? NULL : json_object();
-                cod_state_note(c, m, p ? p : empty, r);
-                json_decref(empty);
-            }
-        }
+        note_batch(c, params, result);
     }
 }
 

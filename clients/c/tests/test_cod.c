@@ -552,7 +552,100 @@ static void peer_send(int fd, const char *fmt, ...)
     cod_buf_free(&b);
 }
 
-/* Serves one connection of either side until it closes. */
+/* The RM side's hello: the direct channel offered (at the SKB's path, or at one that does
+ * not exist), or not offered at all. */
+static void peer_hello_rm(peer *p, int fd, long long id)
+{
+    if (p->mode == PEER_NO_SKB)
+        peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"protocol\":1,\"app\":\"fake\"}}", id);
+    else
+        peer_send(fd,
+                  "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"protocol\":1,\"app\":\"fake\","
+                  "\"max_frame_bytes\":1048576,\"skb\":{\"socket\":\"%s\",\"token\":\"c0ffee\","
+                  "\"protocol\":1}}}",
+                  id, p->mode == PEER_SKB_MISSING ? "/nonexistent/skb.sock" : p->skb_path);
+}
+
+/* The SKB side's hello: counted; the token accepted unless the mode refuses it. */
+static void peer_hello_skb(peer *p, int fd, long long id, json_t *params)
+{
+    p->skb_hellos++;
+    const char *token = json_string_value(json_object_get(params, "token"));
+    if (p->mode == PEER_SKB_REFUSES || !token || strcmp(token, "c0ffee") != 0)
+        peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"error\":{\"code\":-32010,\"message\":\"bad token\"}}",
+                  id);
+    else
+        peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"app\":\"fake\"}}", id);
+}
+
+/* execute_query on either side, counted there: answered with the side's name after a frame
+ * that is not JSON.  On the SKB side the goal "silent" is never answered and "slow" is
+ * answered after 0.4 s.  -1 when the mode closes the SKB side instead of answering. */
+static int peer_query(peer *p, int fd, int skb_side, long long id, json_t *params)
+{
+    if (skb_side) {
+        p->skb_queries++;
+        if (p->mode == PEER_SKB_CLOSES)
+            return -1;
+        const char *goal = json_string_value(json_object_get(params, "goal"));
+        if (goal && strcmp(goal, "silent") == 0) /* never answered */
+            return 0;
+        if (goal && strcmp(goal, "slow") == 0)
+            sleep_ms(400);
+    } else {
+        p->rm_queries++;
+    }
+    /* A frame that is not JSON first: the client skips it. */
+    peer_send(fd, "garbage");
+    peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"solutions\":[{\"Via\":\"%s\"}]}}", id,
+              skb_side ? "skb" : "rm");
+    return 0;
+}
+
+/* batch: an empty result for each call. */
+static void peer_batch(int fd, long long id, json_t *params)
+{
+    cod_buf out = {0};
+    size_t calls = json_array_size(json_object_get(params, "calls"));
+    for (size_t k = 0; k < calls; k++)
+        cod_buf_puts(&out, k ? ",{\"result\":{}}" : "{\"result\":{}}");
+    peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"results\":[%s]}}", id, out.p ? out.p : "");
+    cod_buf_free(&out);
+}
+
+/* One request, answered as its method and the side ask (a message without a method is
+ * ignored); -1 when the connection is to be closed instead. */
+static int peer_answer(peer *p, int fd, int skb_side, const cod_msg *m)
+{
+    const char *method = json_string_value(json_object_get(m->root, "method"));
+    long long id = json_integer_value(json_object_get(m->root, "id"));
+    json_t *params = json_object_get(m->root, "params");
+    if (!method)
+        return 0;
+    if (strcmp(method, "hello") == 0 && !skb_side) {
+        peer_hello_rm(p, fd, id);
+    } else if (strcmp(method, "hello") == 0) {
+        peer_hello_skb(p, fd, id, params);
+    } else if (strcmp(method, "execute_query") == 0) {
+        return peer_query(p, fd, skb_side, id, params);
+    } else if (strcmp(method, "quota") == 0) {
+        peer_send(fd,
+                  "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"error\":{\"code\":-32077,\"message\":\"over the quota "
+                  "of 5 tasks\",\"data\":{\"quota\":5}}}",
+                  id);
+    } else if (strcmp(method, "batch") == 0) {
+        peer_batch(fd, id, params);
+    } else if (strcmp(method, "huge") == 0) {
+        unsigned char h[4] = {0x40, 0, 0, 0}; /* a 1 GiB frame announced */
+        ssize_t k = send(fd, h, 4, MSG_NOSIGNAL);
+        (void)k;
+    } else {
+        peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{}}", id);
+    }
+    return 0;
+}
+
+/* Serves one connection of either side until it closes (or peer_answer closes it). */
 static void peer_serve(peer *p, int fd, int skb_side)
 {
     cod_reader r;
@@ -565,72 +658,10 @@ static void peer_serve(peer *p, int fd, int skb_side)
         cod_reader_feed(&r, buf, (size_t)n);
         cod_msg m;
         while (cod_reader_next(&r, &m) == 1) {
-            const char *method = json_string_value(json_object_get(m.root, "method"));
-            long long id = json_integer_value(json_object_get(m.root, "id"));
-            json_t *params = json_object_get(m.root, "params");
-            if (!method) {
-                cod_msg_release(&m);
-                continue;
-            }
-            if (strcmp(method, "hello") == 0 && !skb_side) {
-                if (p->mode == PEER_NO_SKB)
-                    peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"protocol\":1,\"app\":\"fake\"}}", id);
-                else
-                    peer_send(fd,
-                              "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"protocol\":1,\"app\":\"fake\","
-                              "\"max_frame_bytes\":1048576,\"skb\":{\"socket\":\"%s\",\"token\":\"c0ffee\","
-                              "\"protocol\":1}}}",
-                              id, p->mode == PEER_SKB_MISSING ? "/nonexistent/skb.sock" : p->skb_path);
-            } else if (strcmp(method, "hello") == 0) {
-                p->skb_hellos++;
-                const char *token = json_string_value(json_object_get(params, "token"));
-                if (p->mode == PEER_SKB_REFUSES || !token || strcmp(token, "c0ffee") != 0)
-                    peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"error\":{\"code\":-32010,\"message\":\"bad token\"}}",
-                              id);
-                else
-                    peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"app\":\"fake\"}}", id);
-            } else if (strcmp(method, "execute_query") == 0) {
-                if (skb_side) {
-                    p->skb_queries++;
-                    if (p->mode == PEER_SKB_CLOSES) {
-                        cod_msg_release(&m);
-                        goto out;
-                    }
-                    const char *goal = json_string_value(json_object_get(params, "goal"));
-                    if (goal && strcmp(goal, "silent") == 0) { /* never answered */
-                        cod_msg_release(&m);
-                        continue;
-                    }
-                    if (goal && strcmp(goal, "slow") == 0)
-                        sleep_ms(400);
-                } else {
-                    p->rm_queries++;
-                }
-                /* A frame that is not JSON first: the client skips it. */
-                peer_send(fd, "garbage");
-                peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"solutions\":[{\"Via\":\"%s\"}]}}", id,
-                          skb_side ? "skb" : "rm");
-            } else if (strcmp(method, "quota") == 0) {
-                peer_send(fd,
-                          "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"error\":{\"code\":-32077,\"message\":\"over the quota "
-                          "of 5 tasks\",\"data\":{\"quota\":5}}}",
-                          id);
-            } else if (strcmp(method, "batch") == 0) {
-                cod_buf out = {0};
-                size_t calls = json_array_size(json_object_get(params, "calls"));
-                for (size_t k = 0; k < calls; k++)
-                    cod_buf_puts(&out, k ? ",{\"result\":{}}" : "{\"result\":{}}");
-                peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{\"results\":[%s]}}", id,
-                          out.p ? out.p : "");
-                cod_buf_free(&out);
-            } else if (strcmp(method, "huge") == 0) {
-                unsigned char h[4] = {0x40, 0, 0, 0}; /* a 1 GiB frame announced */
-                ssize_t k = send(fd, h, 4, MSG_NOSIGNAL);
-                (void)k;
-            } else {
-                peer_send(fd, "{\"jsonrpc\":\"2.0\",\"id\":%lld,\"result\":{}}", id);
-            }
+            int close_now = peer_answer(p, fd, skb_side, &m) != 0;
             cod_msg_release(&m);
+            if (close_now)
+                goto out;
         }
     }
 out:
@@ -718,11 +749,11 @@ static const char *via(cod_conn *c)
     return out;
 }
 
-static void test_direct_channel(const char *dir)
+/* The channel not offered, offered but unreachable, or its token refused (-32010): queries
+ * go through the RM. */
+static void direct_channel_fallbacks(const char *dir)
 {
-    current = "direct channel";
     peer p;
-    int rc;
     /* No channel offered: queries go through the RM. */
     peer_start(&p, PEER_NO_SKB, dir);
     cod_conn *c = cod_connect(p.rm_path, NULL);
@@ -741,9 +772,17 @@ static void test_direct_channel(const char *dir)
     CHECK(c && !cod_is_direct(c) && strcmp(via(c), "rm") == 0 && p.skb_hellos == 1, "token refused");
     cod_free(c);
     peer_stop(&p);
+}
+
+/* The channel open: what goes where, an unknown error code, timeouts in recv(), and an
+ * oversized frame. */
+static void direct_channel_open(const char *dir)
+{
+    peer p;
+    int rc;
     /* Accepted: queries go to the SKB; the rest still to the RM; switched off on demand. */
     peer_start(&p, PEER_SKB_OK, dir);
-    c = cod_connect(p.rm_path, NULL);
+    cod_conn *c = cod_connect(p.rm_path, NULL);
     CHECK(c && cod_is_direct(c), "direct channel open");
     CHECK(strcmp(via(c), "skb") == 0 && strcmp(via(c), "skb") == 0 && p.skb_queries == 2 && p.rm_queries == 0,
           "queries go straight to the SKB");
@@ -781,29 +820,48 @@ static void test_direct_channel(const char *dir)
     CHECK(rc == 0 && cod_is_direct(c), "reconnects both channels: %d %s", rc, cod_errstr(c));
     cod_free(c);
     peer_stop(&p);
-    /* A socket path longer than sun_path (108 bytes): reached through /proc/self/fd. */
+}
+
+/* A socket path longer than sun_path (108 bytes): reached through /proc/self/fd. */
+static void direct_channel_long_paths(const char *dir)
+{
+    peer p;
     cod_buf longdir = {0};
     cod_buf_printf(&longdir, "%s/a-directory-whose-name-is-long-enough-to-push-the-socket-path-past-the-"
                              "hundred-and-eight-bytes-of-sun-path", dir);
     mkdir(longdir.p, 0700);
     peer_start(&p, PEER_SKB_OK, longdir.p);
-    c = cod_connect(p.rm_path, NULL);
+    cod_conn *c = cod_connect(p.rm_path, NULL);
     CHECK(strlen(p.rm_path) > 108 && c && cod_is_direct(c) && strcmp(via(c), "skb") == 0, "long paths: %s",
           c ? "" : cod_connect_error());
     cod_free(c);
     peer_stop(&p);
     rmdir(longdir.p);
     cod_buf_free(&longdir);
-    /* The SKB side closes mid-query: the query is answered through the RM, and the direct
-     * channel is tried again at the next reconnection. */
+}
+
+/* The SKB side closes mid-query: the query is answered through the RM, and the direct
+ * channel is tried again at the next reconnection. */
+static void direct_channel_skb_closes(const char *dir)
+{
+    peer p;
     peer_start(&p, PEER_SKB_CLOSES, dir);
-    c = cod_connect(p.rm_path, NULL);
+    cod_conn *c = cod_connect(p.rm_path, NULL);
     CHECK(c && cod_is_direct(c), "direct channel open");
     CHECK(strcmp(via(c), "rm") == 0 && p.skb_queries == 1 && p.rm_queries == 1, "fell back to the RM");
     CHECK(!cod_is_direct(c) && strcmp(via(c), "rm") == 0 && p.skb_queries == 1, "stays on the RM");
     CHECK(cod_reconnect(c) == 0 && cod_is_direct(c), "direct again after reconnecting");
     cod_free(c);
     peer_stop(&p);
+}
+
+static void test_direct_channel(const char *dir)
+{
+    current = "direct channel";
+    direct_channel_fallbacks(dir);
+    direct_channel_open(dir);
+    direct_channel_long_paths(dir);
+    direct_channel_skb_closes(dir);
 }
 
 /* ===================================================================================== */
@@ -1143,11 +1201,10 @@ static void test_subscriptions(void)
     cod_free(c);
 }
 
-static void test_tasks(void)
+/* t_db registered with a description of every kind: its first allocation comes with the
+ * reply and as an upcall, its fact and procedure are there, and its name is taken. */
+static void tasks_register(cod_conn *c, counter *allocs, cod_allocation *a)
 {
-    current = "tasks";
-    cod_conn *c = connect_app("t_tasks");
-    counter allocs = {0};
     cod_task *t = cod_task_new("t_db");
     CHECK(cod_task_set_int(t, COD_MAX_CORES, 8) == 0 && cod_task_set_string(t, COD_BOUND, "cpu") == 0 &&
               cod_task_add_string(t, COD_SENSITIVE, "cache") == 0 && cod_task_add_string(t, COD_SENSITIVE, "numa") == 0 &&
@@ -1156,17 +1213,22 @@ static void test_tasks(void)
           "task description");
     CHECK(cod_task_set_int(NULL, COD_MAX_CORES, 1) == COD_EINVAL && cod_task_set_string(t, COD_BOUND, NULL) == COD_EINVAL,
           "setters check their arguments");
-    cod_allocation a = {0};
-    CHECK(cod_register_task(c, t, count_event, &allocs, &a) == 0, "register: %s", cod_errstr(c));
-    CHECK(a.task && strcmp(a.task, "t_db") == 0 && a.ncores == 8 && a.nnuma_nodes >= 1 && a.epoch > 0,
-          "first allocation: %zu cores", a.ncores);
-    cod_allocation_clear(&a);
-    CHECK(wait_for(c, &allocs.n, 1, 5000), "the first allocation upcall");
+    CHECK(cod_register_task(c, t, count_event, allocs, a) == 0, "register: %s", cod_errstr(c));
+    CHECK(a->task && strcmp(a->task, "t_db") == 0 && a->ncores == 8 && a->nnuma_nodes >= 1 && a->epoch > 0,
+          "first allocation: %zu cores", a->ncores);
+    cod_allocation_clear(a);
+    CHECK(wait_for(c, &allocs->n, 1, 5000), "the first allocation upcall");
     CHECK(one_int(c, "twice(21, X)", "X") == 42 && one_int(c, "db_rtime(X)", "X") == 3000, "registered with facts");
     CHECK(cod_register_task(c, t, NULL, NULL, NULL) == COD_EEXIST && cod_server_code(c) == -32021, "same name again");
     cod_task_free(t);
+}
+
+/* Tasks the daemon refuses, or may: more cores than there are, a bad property, a derived
+ * property, a name beyond [a-z0-9_]. */
+static void tasks_refused(cod_conn *c)
+{
     /* Admission refused: the data comes through. */
-    t = cod_task_new("t_greedy");
+    cod_task *t = cod_task_new("t_greedy");
     cod_task_set_int(t, COD_MIN_CORES, 1000);
     CHECK(cod_register_task(c, t, NULL, NULL, NULL) == COD_EADMISSION, "refused: %s", cod_errstr(c));
     long long free_cores = -1;
@@ -1194,27 +1256,36 @@ static void test_tasks(void)
     if (rc == 0)
         cod_deregister_task(c, "t caf\xc3\xa9");
     cod_task_free(t);
-    /* Update: fewer cores, announced by an upcall with removed CPUs. */
-    int before = allocs.n;
-    t = cod_task_new(NULL);
+}
+
+/* Update: fewer cores, announced by an upcall with removed CPUs; then acked, and the
+ * allocation heard, requested and asked for. */
+static void tasks_update(cod_conn *c, counter *allocs, cod_allocation *a)
+{
+    int before = allocs->n;
+    cod_task *t = cod_task_new(NULL);
     cod_task_set_int(t, COD_MAX_CORES, 2);
-    CHECK(cod_update_task(c, t, &a) == 0, "update: %s", cod_errstr(c));
-    long long epoch = a.epoch;
-    cod_allocation_clear(&a);
+    CHECK(cod_update_task(c, t, a) == 0, "update: %s", cod_errstr(c));
+    long long epoch = a->epoch;
+    cod_allocation_clear(a);
     cod_task_free(t);
-    CHECK(wait_for(c, &allocs.n, before + 1, 5000), "upcall after the update");
-    CHECK(allocs.last_removed == 6 && allocs.last_deadline >= 0 && allocs.last_epoch == epoch,
-          "removed 6 with a deadline: %zu %f", allocs.last_removed, allocs.last_deadline);
-    CHECK(cod_last_allocation(c, "t_db", &a) == 0 && a.epoch >= epoch && a.ncores == 2, "last allocation heard");
-    cod_allocation_clear(&a);
+    CHECK(wait_for(c, &allocs->n, before + 1, 5000), "upcall after the update");
+    CHECK(allocs->last_removed == 6 && allocs->last_deadline >= 0 && allocs->last_epoch == epoch,
+          "removed 6 with a deadline: %zu %f", allocs->last_removed, allocs->last_deadline);
+    CHECK(cod_last_allocation(c, "t_db", a) == 0 && a->epoch >= epoch && a->ncores == 2, "last allocation heard");
+    cod_allocation_clear(a);
     CHECK(cod_ack_allocation(c, NULL, epoch) == 0, "ack: %s", cod_errstr(c));
-    CHECK(cod_request_allocation(c, NULL, &a) == 0 && a.ncores == 2 && a.nreleasing == 0, "request_allocation: %zu",
-          a.ncores);
-    cod_allocation_clear(&a);
-    CHECK(cod_get_allocation(c, "t_db", &a) == 0 && a.ncores == 2 && a.nmemory_nodes >= 1, "get_allocation");
-    cod_allocation_clear(&a);
-    CHECK(cod_get_allocation(c, "no_such_task", &a) == COD_ENOENT && cod_server_code(c) == -32020, "unknown task");
-    /* The held state has the merged properties. */
+    CHECK(cod_request_allocation(c, NULL, a) == 0 && a->ncores == 2 && a->nreleasing == 0, "request_allocation: %zu",
+          a->ncores);
+    cod_allocation_clear(a);
+    CHECK(cod_get_allocation(c, "t_db", a) == 0 && a->ncores == 2 && a->nmemory_nodes >= 1, "get_allocation");
+    cod_allocation_clear(a);
+    CHECK(cod_get_allocation(c, "no_such_task", a) == COD_ENOENT && cod_server_code(c) == -32020, "unknown task");
+}
+
+/* The held state has the merged properties; deregistered, the task is forgotten. */
+static void tasks_held_and_deregistered(cod_conn *c, cod_allocation *a)
+{
     cod_reply *r = cod_held_state(c);
     const cod_value *props = cod_value_get(cod_value_get(cod_value_get(cod_reply_result(r), "tasks"), "t_db"), "properties");
     long long mc = 0;
@@ -1223,11 +1294,23 @@ static void test_tasks(void)
           "properties merged");
     cod_reply_free(r);
     CHECK(cod_deregister_task(c, NULL) == 0, "deregister");
-    CHECK(cod_last_allocation(c, "t_db", &a) == COD_ENOENT, "forgotten");
-    CHECK(cod_get_allocation(c, NULL, &a) == COD_ENOENT, "no task left");
+    CHECK(cod_last_allocation(c, "t_db", a) == COD_ENOENT, "forgotten");
+    CHECK(cod_get_allocation(c, NULL, a) == COD_ENOENT, "no task left");
     r = cod_held_state(c);
     CHECK(cod_value_length(cod_value_get(cod_reply_result(r), "tasks")) == 0, "no task held");
     cod_reply_free(r);
+}
+
+static void test_tasks(void)
+{
+    current = "tasks";
+    cod_conn *c = connect_app("t_tasks");
+    counter allocs = {0};
+    cod_allocation a = {0};
+    tasks_register(c, &allocs, &a);
+    tasks_refused(c);
+    tasks_update(c, &allocs, &a);
+    tasks_held_and_deregistered(c, &a);
     cod_free(c);
 }
 
@@ -1656,7 +1739,9 @@ static void test_paper(void)
 
 /* ===================================================================================== */
 
-int main(int argc, char **argv)
+/* The options before "--"; the index of the daemon's command line after it, or 0 after
+ * the usage line. */
+static int parse_args(int argc, char **argv)
 {
     int i = 1;
     for (; i < argc; i++) {
@@ -1671,13 +1756,80 @@ int main(int argc, char **argv)
             break;
         } else {
             fprintf(stderr, "usage: %s [--quick] [--only NAME] --socket PATH -- DAEMON COMMAND...\n", argv[0]);
-            return 2;
+            return 0;
         }
     }
     if (!sock_path || i >= argc) {
         fprintf(stderr, "usage: %s [--quick] --socket PATH -- DAEMON COMMAND...\n", argv[0]);
-        return 2;
+        return 0;
     }
+    return i;
+}
+
+typedef struct named_test {
+    const char *name;
+    void (*fn)(void);
+} named_test;
+
+/* The tests without I/O, then the scripted peer's (in dir, the socket's directory); none
+ * needs the daemon. */
+static void run_unit_tests(const char *dir)
+{
+    named_test unit[] = {{"reader", test_reader},
+                         {"values", test_values},
+                         {"quote and format", test_quote_and_format},
+                         {"pattern", test_pattern_match},
+                         {"error codes", test_error_codes},
+                         {"memory", test_memory}};
+    for (size_t k = 0; k < sizeof unit / sizeof unit[0]; k++) {
+        if (only && !strstr(unit[k].name, only))
+            continue;
+        fprintf(stderr, "- %s\n", unit[k].name);
+        unit[k].fn();
+    }
+    if (!only || strstr("direct channel", only)) {
+        fprintf(stderr, "- direct channel\n");
+        test_direct_channel(dir);
+    }
+}
+
+/* The tests against the live daemon, started before the first that runs (and again after
+ * a test that leaves it stopped), each timed. */
+static void run_live_tests(void)
+{
+    named_test live[] = {{"connect", test_connect},
+                         {"facts and queries", test_facts_and_queries},
+                         {"server errors", test_server_errors},
+                         {"system and persistent", test_flags},
+                         {"1 MiB answer", test_big_answer},
+                         {"subscriptions", test_subscriptions},
+                         {"tasks", test_tasks},
+                         {"batch", test_batch},
+                         {"compaction", test_compaction},
+                         {"paper layer", test_paper},
+                         {"threads", test_threads},
+                         {"upcall flood", test_flood},
+                         {"hung daemon", test_hung_daemon},
+                         {"killed mid-call", test_killed_mid_call},
+                         {"automatic reconnection", test_auto_reconnect},
+                         {"shutdown", test_shutdown}};
+    for (size_t k = 0; k < sizeof live / sizeof live[0]; k++) {
+        if (only && !strstr(live[k].name, only))
+            continue;
+        fprintf(stderr, "- %s\n", live[k].name);
+        if (daemon_pid <= 0)
+            daemon_start();
+        double t0 = now_s();
+        live[k].fn();
+        fprintf(stderr, "  (%.2f s)\n", now_s() - t0);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int i = parse_args(argc, argv);
+    if (i == 0)
+        return 2;
     daemon_argv = argv + i;
     atexit(daemon_kill_at_exit);
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1691,55 +1843,8 @@ int main(int argc, char **argv)
     else
         snprintf(dir, sizeof dir, ".");
 
-    struct {
-        const char *name;
-        void (*fn)(void);
-    } unit[] = {{"reader", test_reader},
-                {"values", test_values},
-                {"quote and format", test_quote_and_format},
-                {"pattern", test_pattern_match},
-                {"error codes", test_error_codes},
-                {"memory", test_memory}};
-    for (size_t k = 0; k < sizeof unit / sizeof unit[0]; k++) {
-        if (only && !strstr(unit[k].name, only))
-            continue;
-        fprintf(stderr, "- %s\n", unit[k].name);
-        unit[k].fn();
-    }
-    if (!only || strstr("direct channel", only)) {
-        fprintf(stderr, "- direct channel\n");
-        test_direct_channel(dir);
-    }
-
-    struct {
-        const char *name;
-        void (*fn)(void);
-    } live[] = {{"connect", test_connect},
-                {"facts and queries", test_facts_and_queries},
-                {"server errors", test_server_errors},
-                {"system and persistent", test_flags},
-                {"1 MiB answer", test_big_answer},
-                {"subscriptions", test_subscriptions},
-                {"tasks", test_tasks},
-                {"batch", test_batch},
-                {"compaction", test_compaction},
-                {"paper layer", test_paper},
-                {"threads", test_threads},
-                {"upcall flood", test_flood},
-                {"hung daemon", test_hung_daemon},
-                {"killed mid-call", test_killed_mid_call},
-                {"automatic reconnection", test_auto_reconnect},
-                {"shutdown", test_shutdown}};
-    for (size_t k = 0; k < sizeof live / sizeof live[0]; k++) {
-        if (only && !strstr(live[k].name, only))
-            continue;
-        fprintf(stderr, "- %s\n", live[k].name);
-        if (daemon_pid <= 0)
-            daemon_start();
-        double t0 = now_s();
-        live[k].fn();
-        fprintf(stderr, "  (%.2f s)\n", now_s() - t0);
-    }
+    run_unit_tests(dir);
+    run_live_tests();
     daemon_stop(SIGTERM);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

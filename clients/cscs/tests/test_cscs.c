@@ -16,6 +16,7 @@
 #include "cpulist.h"
 #include "engine.h"
 #include "plan.h"
+#include "run.h"
 #include "schema.h"
 
 static int passed, failed;
@@ -403,6 +404,93 @@ static size_t layout_total(struct engine *e, size_t *nparts)
     return t;
 }
 
+/* Batches, interleaved with every change of cores this machine allows: each answer and
+ * the table after each change checked against the reference. */
+static void check_batches_across_core_changes(struct engine *e, struct reference *ref, const int *allowed,
+                                              size_t nallowed, size_t n)
+{
+    struct batch b;
+    struct batch_output out = { 0 };
+    struct batch_stats st;
+    struct reconfig_stats rs;
+    char err[256];
+    size_t np;
+    uint64_t rng = 5;
+    batch_init(&b);
+    int ok = 1;
+    for (int step = 0; step < 8; step++) {
+        random_batch(&b, &rng, engine_nkeys(e), 40, 10);
+        ok &= engine_run_batch(e, &b, &out, &st, err, sizeof err) == 0;
+        ref_apply(ref, &b);
+        ok &= answer_matches(ref, &b, &out);
+        int one = allowed[(size_t)step % nallowed];
+        if (step % 2 == 0) {
+            CHECK(engine_set_cores(e, &one, 1, &rs, err, sizeof err) == 0);
+            CHECK(engine_ncores(e) == 1);
+        } else {
+            CHECK(engine_set_cores(e, allowed, nallowed, &rs, err, sizeof err) == 0);
+            CHECK(engine_ncores(e) == nallowed);
+        }
+        ok &= layout_total(e, &np) == n;
+        ok &= engine_holds(e, ref);
+    }
+    CHECK(ok);
+    batch_free(&b);
+    batch_output_free(&out);
+}
+
+/* An explicit, uneven plan over the first two partitions (needs two cores). */
+static void check_uneven_plan(struct engine *e, const struct reference *ref)
+{
+    struct plan p;
+    struct reconfig_stats rs;
+    struct plan_part *cur;
+    size_t ncur;
+    char text[128], err[256];
+    engine_layout(e, &cur, &ncur);
+    snprintf(text, sizeof text, "%d:%zu,%d:%zu moves %d>%d:%zu", cur[0].cpu, cur[0].tuples + cur[1].tuples - 7,
+             cur[1].cpu, (size_t)7, cur[1].cpu, cur[0].cpu, cur[1].tuples - 7);
+    free(cur);
+    CHECK(plan_parse(text, &p, err, sizeof err) == 0);
+    CHECK(engine_apply_plan(e, &p, &rs, err, sizeof err) == 0);
+    plan_free(&p);
+    CHECK(engine_holds(e, ref));
+}
+
+/* Refused changes leave everything as it was. */
+static void check_refused_changes(struct engine *e, const struct reference *ref)
+{
+    struct plan p;
+    struct reconfig_stats rs;
+    char err[256];
+    size_t before = engine_ncores(e);
+    int nowhere = 4095;
+    err[0] = '\0';
+    CHECK(engine_set_cores(e, &nowhere, 1, &rs, err, sizeof err) == -1 && strstr(err, "CPU 4095"));
+    CHECK(plan_parse("0:5", &p, err, sizeof err) == 0);
+    CHECK(engine_apply_plan(e, &p, &rs, err, sizeof err) == -1);
+    plan_free(&p);
+    CHECK(engine_ncores(e) == before && engine_holds(e, ref));
+}
+
+/* Bad configurations: each a variant of a good one. */
+static void check_bad_configs(const struct engine_config *cfg)
+{
+    struct engine *e;
+    char err[256];
+    int nowhere = 4095;
+    struct engine_config bad = *cfg;
+    bad.cpus = &nowhere;
+    bad.ncpus = 1;
+    CHECK(engine_create(&bad, &e, err, sizeof err) == -1 && e == NULL && strstr(err, "CPU 4095"));
+    bad = *cfg;
+    bad.ntuples = 0;
+    CHECK(engine_create(&bad, &e, err, sizeof err) == -1);
+    bad = *cfg;
+    bad.ncpus = 0;
+    CHECK(engine_create(&bad, &e, err, sizeof err) == -1);
+}
+
 static void test_engine(void)
 {
     int *allowed;
@@ -423,69 +511,12 @@ static void test_engine(void)
     }
     CHECK(engine_ncores(e) == nallowed && layout_total(e, &np) == n);
     CHECK(engine_holds(e, &ref));
-    struct batch b;
-    struct batch_output out = { 0 };
-    struct batch_stats st;
-    struct reconfig_stats rs;
-    uint64_t rng = 5;
-    batch_init(&b);
-    int ok = 1;
-    /* Batches, interleaved with every change of cores this machine allows. */
-    for (int step = 0; step < 8; step++) {
-        random_batch(&b, &rng, engine_nkeys(e), 40, 10);
-        ok &= engine_run_batch(e, &b, &out, &st, err, sizeof err) == 0;
-        ref_apply(&ref, &b);
-        ok &= answer_matches(&ref, &b, &out);
-        int one = allowed[(size_t)step % nallowed];
-        if (step % 2 == 0) {
-            CHECK(engine_set_cores(e, &one, 1, &rs, err, sizeof err) == 0);
-            CHECK(engine_ncores(e) == 1);
-        } else {
-            CHECK(engine_set_cores(e, allowed, nallowed, &rs, err, sizeof err) == 0);
-            CHECK(engine_ncores(e) == nallowed);
-        }
-        ok &= layout_total(e, &np) == n;
-        ok &= engine_holds(e, &ref);
-    }
-    CHECK(ok);
-    /* An explicit, uneven plan. */
-    struct plan p;
-    char text[128];
-    if (nallowed >= 2) {
-        struct plan_part *cur;
-        size_t ncur;
-        engine_layout(e, &cur, &ncur);
-        snprintf(text, sizeof text, "%d:%zu,%d:%zu moves %d>%d:%zu", cur[0].cpu, cur[0].tuples + cur[1].tuples - 7,
-                 cur[1].cpu, (size_t)7, cur[1].cpu, cur[0].cpu, cur[1].tuples - 7);
-        free(cur);
-        CHECK(plan_parse(text, &p, err, sizeof err) == 0);
-        CHECK(engine_apply_plan(e, &p, &rs, err, sizeof err) == 0);
-        plan_free(&p);
-        CHECK(engine_holds(e, &ref));
-    }
-    /* Refused changes leave everything as it was. */
-    size_t before = engine_ncores(e);
-    int nowhere = 4095;
-    err[0] = '\0';
-    CHECK(engine_set_cores(e, &nowhere, 1, &rs, err, sizeof err) == -1 && strstr(err, "CPU 4095"));
-    CHECK(plan_parse("0:5", &p, err, sizeof err) == 0);
-    CHECK(engine_apply_plan(e, &p, &rs, err, sizeof err) == -1);
-    plan_free(&p);
-    CHECK(engine_ncores(e) == before && engine_holds(e, &ref));
+    check_batches_across_core_changes(e, &ref, allowed, nallowed, n);
+    if (nallowed >= 2)
+        check_uneven_plan(e, &ref);
+    check_refused_changes(e, &ref);
     engine_destroy(e);
-    /* Bad configurations. */
-    struct engine_config bad = cfg;
-    bad.cpus = &nowhere;
-    bad.ncpus = 1;
-    CHECK(engine_create(&bad, &e, err, sizeof err) == -1 && e == NULL && strstr(err, "CPU 4095"));
-    bad = cfg;
-    bad.ntuples = 0;
-    CHECK(engine_create(&bad, &e, err, sizeof err) == -1);
-    bad = cfg;
-    bad.ncpus = 0;
-    CHECK(engine_create(&bad, &e, err, sizeof err) == -1);
-    batch_free(&b);
-    batch_output_free(&out);
+    check_bad_configs(&cfg);
     free(ref.rows);
     free(allowed);
 }
@@ -629,6 +660,65 @@ static void test_control(void)
     CHECK(control_open(NULL, fifo, &c, err, sizeof err) == -1);
 }
 
+/* ---- cscs run ------------------------------------------------------------------ */
+
+/* cscs_run with stdout sent to path meanwhile (the test's own output stays clean); its
+ * exit status. */
+static int run_to_file(const struct run_options *o, const char *path)
+{
+    fflush(stdout);
+    int saved = dup(1), fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(saved >= 0 && fd >= 0);
+    dup2(fd, 1);
+    close(fd);
+    int status = cscs_run(o);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    return status;
+}
+
+/* A run that a "stop" on its control FIFO ends before batch 1: no batch, a summary of none,
+ * exit status 0.  The summary once passed memcpy the NULL array of no response times
+ * (UBSan: "null pointer passed as argument 2").  The FIFO is opened read-write here (Linux
+ * allows that without a reader) and "stop" written before the run opens it, so the run
+ * reads it at its first poll, before batch 1. */
+static void test_run_stopped_before_batch_1(void)
+{
+    char dir[] = "/tmp/cscs-test-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char fifo[64], out_path[64];
+    snprintf(fifo, sizeof fifo, "%s/ctl", dir);
+    snprintf(out_path, sizeof out_path, "%s/out", dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    int w = open(fifo, O_RDWR | O_NONBLOCK);
+    CHECK(w >= 0 && write(w, "stop\n", 5) == 5);
+    int *allowed = NULL;
+    size_t nallowed = 0;
+    CHECK(cpulist_allowed(&allowed, &nallowed) == 0 && nallowed > 0);
+    struct run_options o = { .tuples = 100, .max_batches = 3, .seed = 1, .batch_queries = 4,
+                             .batch_updates = 1, .cpus = allowed, .ncpus = 1, .control_path = fifo };
+    CHECK(run_to_file(&o, out_path) == 0);
+    char text[4096] = "";
+    FILE *f = fopen(out_path, "r");
+    CHECK(f != NULL);
+    if (f) {
+        size_t n = fread(text, 1, sizeof text - 1, f);
+        text[n] = '\0';
+        fclose(f);
+    }
+    CHECK(strstr(text, "\n# control: stop\n") != NULL);
+    CHECK(strstr(text, "\nsummary: 0 batches, 0 requests (0 queries)") != NULL);
+    CHECK(strstr(text, "\n      1 ") == NULL); /* no line for batch 1 */
+    CHECK(strstr(text, "nan") == NULL && strstr(text, "inf") == NULL); /* no rate or time of nothing */
+    CHECK(strstr(text, "\nsummary: response time ms: no batch ran\n") != NULL);
+    close(w);
+    unlink(fifo);
+    unlink(out_path);
+    rmdir(dir);
+    free(allowed);
+}
+
 /* ---- calibration --------------------------------------------------------------- */
 
 static void test_calibration_fit(void)
@@ -683,6 +773,7 @@ int main(void)
     test_engine();
     test_engine_chunks();
     test_control();
+    test_run_stopped_before_batch_1();
     test_calibration_fit();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
