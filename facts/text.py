@@ -45,19 +45,23 @@ class _Box:
     children: list["_Box"] = field(default_factory=list)
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def render(machine: Machine) -> str:
     m = machine
     online = [p for p in m.pus if p.online]
     offline = [p.id for p in m.pus if not p.online]
-    head = (f"Machine {m.name} ({m.source}): {len(m.packages)} packages, "
-            f"{len(m.numa_nodes)} NUMA nodes, {len(m.l3_caches())} L3, {len(m.cores)} cores, "
-            f"{len(online)} PUs, {human_bytes(m.total_memory_bytes)}")
+    head = (f"Machine {m.name} ({m.source}): {_count(len(m.packages), 'package')}, "
+            f"{_count(len(m.numa_nodes), 'NUMA node')}, {len(m.l3_caches())} L3, {_count(len(m.cores), 'core')}, "
+            f"{_count(len(online), 'PU')}, {human_bytes(m.total_memory_bytes)}")
     lines = [head]
     core_of = {p.id: p.core for p in m.pus}
 
     def counts(cpus: frozenset[int]) -> str:
         n_cores = len({core_of[c] for c in cpus if c in core_of})
-        return f"{n_cores} cores, {len(cpus)} PUs: {format_cpulist(cpus)}"
+        return f"{_count(n_cores, 'core')}, {_count(len(cpus), 'PU')}: {format_cpulist(cpus)}"
 
     boxes = [_Box(0, frozenset(p.cpus), f"Package P#{p.id}") for p in m.packages]
     for n in m.numa_nodes:
