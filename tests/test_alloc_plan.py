@@ -9,6 +9,7 @@ import pytest
 from cod.cli.main import main
 from cod.facts import machines
 from cod.rm.allocator import TaskSpec, TaskSpecError, allocate
+from helpers.data import HWLOC_DIR
 from helpers.waiting import PROVING_S
 
 GIB = 1 << 30
@@ -116,6 +117,17 @@ def test_plan_text_matrix(task_file, capsys, solver):
     row = next(line for line in out.splitlines() if line.startswith("a "))
     assert row.count("X") == 2
     assert "NUMA" in out and "L3" in out and "bound by: min, max" in out
+
+
+def test_plan_text_matrix_names_a_small_node_whole(task_file, capsys):
+    """A node of two CPUs is narrower than its name: the column widens ("node 0"), as the
+    shell's matrix does; it used to be cut to "nod"."""
+    js = task_file("t.json", json.dumps({"tasks": [{"name": "a", "min_cores": 1}]}))
+    assert main(["plan", "--hwloc", str(HWLOC_DIR / "2i386-2c-nohugepage.xml"), "--tasks", js]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    numa, cpu, row = (next(line for line in lines if line.startswith(p)) for p in ("NUMA ", "CPU ", "a "))
+    assert numa.split("|")[1].strip() == "node 0"
+    assert len(numa) == len(cpu) == len(row) and row.split("|")[1].split() == ["X", "X"]
 
 
 def test_plan_infeasible_exits_2(task_file, capsys):

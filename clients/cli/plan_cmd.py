@@ -142,40 +142,47 @@ def render_text(machine: Machine, result: AllocationResult, unavailable: list[in
     width = max(len(str(c)) for c in cpus) + 1 if cpus else 2
     label_w = max([len(t.name) for t in result.tasks] + [len(r.name) for r in result.reservations] + [5])
 
-    def row(label: str, cells: list[str]) -> str:
-        out, prev = [label.ljust(label_w)], None
-        for c, cell in zip(cpus, cells):
-            group = (view.node_of[c], view.domain_of[c])
-            if group != prev:
-                out.append(" |")
-                prev = group
-            out.append(cell.rjust(width))
-        return "".join(out) + " |"
-
     spans: list[list[int]] = []  # runs of CPUs sharing node and L3 domain
     for c in cpus:
         if not spans or (view.node_of[c], view.domain_of[c]) != (view.node_of[spans[-1][0]], view.domain_of[spans[-1][0]]):
             spans.append([])
         spans[-1].append(c)
 
+    def node_name(n: int) -> str:
+        return f" node {n}" if n >= 0 else " node ?"
+
+    def l3_name(d: int) -> str:
+        return " " + view.domain_labels[d]
+
+    # A span is as wide as its CPUs' cells, or as its labels where they are wider (a node of
+    # two CPUs: " node 0" is wider than "  0  1"), as the shell's matrix does.
+    span_w = [max(width * len(m), len(node_name(view.node_of[m[0]])), len(l3_name(view.domain_of[m[0]])))
+              for m in spans]
+
+    def row(label: str, cells: dict[int, str]) -> str:
+        out = [label.ljust(label_w)]
+        for members, w in zip(spans, span_w):
+            out.append(" |" + "".join(cells[c].rjust(width) for c in members).rjust(w))
+        return "".join(out) + " |"
+
     def group_row(label: str, key, name) -> str:
         out, prev = [label.ljust(label_w)], None
-        for members in spans:
+        for members, w in zip(spans, span_w):
             k = key(members[0])
             text = name(k) if k != prev else ""
             prev = k
-            out.append(" |" + text[: width * len(members)].ljust(width * len(members)))
+            out.append(" |" + text.ljust(w))
         return "".join(out) + " |"
 
-    lines.append(group_row("NUMA", lambda c: view.node_of[c], lambda n: f" node {n}" if n >= 0 else " node ?"))
-    lines.append(group_row("L3", lambda c: view.domain_of[c], lambda d: " " + view.domain_labels[d]))
-    lines.append(row("CPU", [str(c) for c in cpus]))
+    lines.append(group_row("NUMA", lambda c: view.node_of[c], node_name))
+    lines.append(group_row("L3", lambda c: view.domain_of[c], l3_name))
+    lines.append(row("CPU", {c: str(c) for c in cpus}))
     for t in result.tasks:
         held = set(t.cores)
-        lines.append(row(t.name, ["X" if c in held else "." for c in cpus]))
+        lines.append(row(t.name, {c: "X" if c in held else "." for c in cpus}))
     for r in result.reservations:  # R: kept for an unregistered process
         held = set(r.cpus)
-        lines.append(row(r.name, ["R" if c in held else "." for c in cpus]))
+        lines.append(row(r.name, {c: "R" if c in held else "." for c in cpus}))
     for t in result.tasks:
         lines.append(f"{t.name}: {len(t.cores)} CPUs on node(s) {','.join(map(str, t.numa_nodes)) or '-'}; "
                      f"bound by: {', '.join(t.binding) or '-'}"
