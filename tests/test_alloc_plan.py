@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from cod.cli.main import main
+from cod.cli.plan_cmd import render_text
 from cod.facts import machines
 from cod.rm.allocator import TaskSpec, TaskSpecError, allocate
 from helpers.data import HWLOC_DIR
@@ -114,9 +116,34 @@ def test_plan_text_matrix(task_file, capsys, solver):
     js = task_file("t.json", json.dumps({"tasks": [{"name": "a", "min_cores": 2, "max_cores": 2}]}))
     assert main(["plan", "--machine", "barcelona", "--tasks", js, "--solver", solver]) == 0
     out = capsys.readouterr().out
-    row = next(line for line in out.splitlines() if line.startswith("a "))
+    row = "".join(line for line in out.splitlines() if line.startswith("a "))  # every folded block's
     assert row.count("X") == 2
     assert "NUMA" in out and "L3" in out and "bound by: min, max" in out
+
+
+@pytest.mark.parametrize("width", [40, 60, 80, 120, 400])
+def test_plan_text_matrix_folds_to_the_width_and_marks_under_each_cpu(width):
+    """The shell's matrix, in plain text: each line fits; each mark stands in its CPU's column;
+    the CPUs given as unavailable are marked in a row of their own."""
+    machine = machines.load("magnycours")
+    spec = TaskSpec("db", min_cores=4, max_cores=4)
+    result = allocate(machine, [spec], unavailable=[5, 47])
+    lines = render_text(machine, result, [5, 47], width=width).splitlines()
+    assert all(len(line) <= width for line in lines if line.endswith(" |"))  # the matrix's lines
+    marks: dict[str, dict[int, str]] = {"db": {}, "unavailable": {}}
+    for i, line in enumerate(lines):
+        if line.startswith("CPU "):
+            cpu_line = line
+        for name, found in marks.items():
+            if line.startswith(name + " "):
+                for m in re.finditer(r"\S", line[len(name):]):
+                    col = m.start() + len(name)
+                    if m.group() != "|":  # the CPU number's last digit stands in the same column
+                        found[int(re.search(r"\d+$", cpu_line[:col + 1]).group())] = m.group()
+    assert sorted(marks["db"]) == list(range(48))
+    assert sorted(c for c, m in marks["db"].items() if m == "X") == list(result.tasks[0].cores)
+    assert sorted(c for c, m in marks["unavailable"].items() if m == "#") == [5, 47]
+    assert lines[-2].startswith("X held by the row's task") and "# busy" in lines[-2]
 
 
 def test_plan_text_matrix_names_a_small_node_whole(task_file, capsys):

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from cod.cli.matrix import cpu_groups
 from cod.cli.shell.answers import AnswerStream
 from cod.cli.shell.errors import caret_lines, describe, sentence
 from cod.cli.shell.explain import explain_task, explanation_lines
@@ -14,7 +15,7 @@ from cod.cli.shell.predicates import clause_indicator, module_exports, system_pr
 from cod.cli.shell.render import allocation_matrix, plan_view
 from cod.cli.shell.statements import Command, Query, full_stops, is_complete, parse_command, split
 from cod.protocol.prolog_text import clause_text, solution_text, term_text
-from cod.cli.shell.topology import TOPOLOGY_QUERY, cpu_groups, machine_from_answer
+from cod.cli.shell.topology import TOPOLOGY_QUERY, machine_from_answer
 from cod.facts import hwloc_xml, machines
 from cod.skb import SKB, SKBError
 from helpers.data import HWLOC_DIR

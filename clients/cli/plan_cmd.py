@@ -13,19 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cod.facts.cpulist import format_cpulist, parse_cpulist
 from cod.facts.model import FactsError, Machine
 from cod.rm.allocator import SOLVERS, AllocationResult, OtherDemand, TaskSpec, TaskSpecError, allocate
-from cod.rm.allocator.topology import build_view
 
 from .errors import UserError
-from .plan_words import plan_sentence
 from .facts_cmd import add_machine_source, machine_of
+from .matrix import BUSY, HELD, NOT_HELD, RESERVED, MatrixRow, cpu_groups, legend, matrix_lines, plain_text
+from .plan_words import plan_sentence
 
 INFEASIBLE_STATUS = 2
 
@@ -132,57 +134,26 @@ def run(args: argparse.Namespace) -> int:
     return INFEASIBLE_STATUS if result.status == "infeasible" else 0
 
 
-def render_text(machine: Machine, result: AllocationResult, unavailable: list[int] = ()) -> str:
-    """The paper's Figure 4: one row per task, one column per CPU, grouped by node and L3."""
-    view = build_view(machine, unavailable)
+def render_text(machine: Machine, result: AllocationResult, unavailable: list[int] = (),
+                width: int | None = None) -> str:
+    """The paper's Figure 4 (one row per task, one column per CPU, grouped by node and L3),
+    folded to `width` columns (the terminal's by default), then a line per task."""
     lines = [f"status: {plan_sentence(result.status, result.solver, result.via, result.solve_ms)}"]
     if result.reason:
         lines.append(f"reason: {result.reason}")
-    cpus = sorted(view.cpus, key=lambda c: (view.node_of[c], view.domain_of[c], c))
-    width = max(len(str(c)) for c in cpus) + 1 if cpus else 2
-    label_w = max([len(t.name) for t in result.tasks] + [len(r.name) for r in result.reservations] + [5])
+    busy = set(unavailable)
 
-    spans: list[list[int]] = []  # runs of CPUs sharing node and L3 domain
-    for c in cpus:
-        if not spans or (view.node_of[c], view.domain_of[c]) != (view.node_of[spans[-1][0]], view.domain_of[spans[-1][0]]):
-            spans.append([])
-        spans[-1].append(c)
+    def holder(cpus: list[int], mark: str) -> Callable[[int], tuple[str, str]]:
+        held = set(cpus)
+        return lambda c: (mark, "") if c in held else (NOT_HELD, "")
 
-    def node_name(n: int) -> str:
-        return f" node {n}" if n >= 0 else " node ?"
-
-    def l3_name(d: int) -> str:
-        return " " + view.domain_labels[d]
-
-    # A span is as wide as its CPUs' cells, or as its labels where they are wider (a node of
-    # two CPUs: " node 0" is wider than "  0  1"), as the shell's matrix does.
-    span_w = [max(width * len(m), len(node_name(view.node_of[m[0]])), len(l3_name(view.domain_of[m[0]])))
-              for m in spans]
-
-    def row(label: str, cells: dict[int, str]) -> str:
-        out = [label.ljust(label_w)]
-        for members, w in zip(spans, span_w):
-            out.append(" |" + "".join(cells[c].rjust(width) for c in members).rjust(w))
-        return "".join(out) + " |"
-
-    def group_row(label: str, key, name) -> str:
-        out, prev = [label.ljust(label_w)], None
-        for members, w in zip(spans, span_w):
-            k = key(members[0])
-            text = name(k) if k != prev else ""
-            prev = k
-            out.append(" |" + text.ljust(w))
-        return "".join(out) + " |"
-
-    lines.append(group_row("NUMA", lambda c: view.node_of[c], node_name))
-    lines.append(group_row("L3", lambda c: view.domain_of[c], l3_name))
-    lines.append(row("CPU", {c: str(c) for c in cpus}))
-    for t in result.tasks:
-        held = set(t.cores)
-        lines.append(row(t.name, {c: "X" if c in held else "." for c in cpus}))
-    for r in result.reservations:  # R: kept for an unregistered process
-        held = set(r.cpus)
-        lines.append(row(r.name, {c: "R" if c in held else "." for c in cpus}))
+    rows = [MatrixRow(t.name, "", holder(t.cores, HELD)) for t in result.tasks]
+    rows += [MatrixRow(r.name, "", holder(r.cpus, RESERVED)) for r in result.reservations]
+    if busy:
+        rows.append(MatrixRow("unavailable", "", holder(sorted(busy), BUSY)))
+    width = width or shutil.get_terminal_size().columns
+    lines.append(plain_text(matrix_lines(cpu_groups(machine), rows, width)).rstrip("\n"))
+    lines.append(legend(HELD + (RESERVED if result.reservations else "") + (BUSY if busy else "")))
     for t in result.tasks:
         lines.append(f"{t.name}: {len(t.cores)} CPUs on node(s) {','.join(map(str, t.numa_nodes)) or '-'}; "
                      f"bound by: {', '.join(t.binding) or '-'}"

@@ -19,7 +19,7 @@ from cod.facts.cpulist import format_cpulist
 from cod.facts.model import Machine
 from cod.facts.text import human_bytes
 
-from .topology import cpu_groups
+from ..matrix import cpu_groups
 
 
 def cpus_text(cpus: Any) -> str:

@@ -10,6 +10,7 @@ repeated in each; a single group wider than the terminal is cut too.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich import box
@@ -19,13 +20,12 @@ from rich.text import Text
 from cod.facts.cpulist import format_cpulist
 from cod.facts.model import Machine
 
+from ..matrix import BUSY, FREE, HELD, NOT_HELD, RELEASING, MatrixRow, cpu_groups, legend, matrix_lines
 from ..plan_words import plan_sentence
 from .explain import cpus_text, explanation_lines
-from .topology import cpu_groups
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta",
            "bright_green", "bright_yellow", "bright_blue", "red")
-HELD, NOT_HELD, RELEASING, BUSY, FREE = "X", ".", "r", "#", "o"
 
 
 def task_styles(names: list[str]) -> dict[str, str]:
@@ -33,98 +33,42 @@ def task_styles(names: list[str]) -> dict[str, str]:
 
 
 # ---- the allocation matrix ---------------------------------------------------------------------
-def _node_text(node: int) -> str:
-    return f"node {node}" if node >= 0 else "node ?"
-
-
-def _piece_width(piece: tuple[int, str, list[int]], cell: int) -> int:
-    """Columns of one group's piece: its CPUs, or its node and L3 labels when they are wider
-    (a node of two CPUs: "node 0" and "L3 0-1" are wider than " 0  1")."""
-    node, label, cpus = piece
-    return max(len(cpus) * (cell + 1) - 1, len(_node_text(node)), len(label))
-
-
-def _fold(groups: list[tuple[int, str, list[int]]], cell: int, label_w: int, width: int) \
-        -> list[list[tuple[int, str, list[int]]]]:
-    """Blocks of groups that each fit in `width` columns (a group too wide alone is cut)."""
-    room = max(width - label_w - 2, cell + 3)
-    per_group = max(1, (room - 3 + 1) // (cell + 1))  # CPUs of one group that fit in a block by themselves
-    pieces: list[tuple[int, str, list[int]]] = []
-    for node, label, cpus in groups:
-        for i in range(0, len(cpus), per_group):
-            pieces.append((node, label, cpus[i:i + per_group]))
-    blocks: list[list[tuple[int, str, list[int]]]] = [[]]
-    used = 0
-    for piece in pieces:
-        w = 3 + _piece_width(piece, cell)
-        if blocks[-1] and used + w > room:
-            blocks.append([])
-            used = 0
-        blocks[-1].append(piece)
-        used += w
-    return [b for b in blocks if b]
-
-
 def allocation_matrix(machine: Machine, listing: dict[str, Any], width: int) -> list[Text]:
+    """The listing's allocation as the matrix of Figure 4, in the tasks' colours."""
     tasks = listing.get("tasks", [])
-    others = listing.get("other_tasks", [])
     styles = task_styles([t["task"] for t in tasks])
     held = {t["task"]: set(t.get("cores") or []) for t in tasks}
     releasing = {t["task"]: set(t.get("releasing") or []) for t in tasks}
+    others = listing.get("other_tasks", [])
     busy = set((listing.get("plan") or {}).get("unavailable") or []) | {c for o in others for c in o.get("cpus", [])}
-    cpus = list(machine.cpu_ids())
-    groups = cpu_groups(machine, cpus)
-    cell = max((len(str(c)) for c in cpus), default=1)
-    rows: list[tuple[str, str, Any]] = [(t["task"], styles[t["task"]], t["task"]) for t in tasks]
-    if others:
-        rows.append(("other", "bold red", None))
-    rows.append(("free", "dim", "free"))
-    label_w = max([len(r[0]) for r in rows] + [len("NUMA"), len("CPU")])
     taken = set().union(*held.values()) if held else set()
 
-    def mark(row_key: Any, c: int) -> tuple[str, str]:
-        if row_key is None:
-            return (BUSY, "bold red") if c in busy else (NOT_HELD, "dim")
-        if row_key == "free":
-            return (NOT_HELD, "dim") if c in taken or c in busy else (FREE, "green")
-        if c in held[row_key]:
-            return HELD, styles[row_key]
-        if c in releasing[row_key]:
-            return RELEASING, styles[row_key]
-        return NOT_HELD, "dim"
+    def task_mark(name: str) -> Callable[[int], tuple[str, str]]:
+        def mark(c: int) -> tuple[str, str]:
+            if c in held[name]:
+                return HELD, styles[name]
+            return (RELEASING, styles[name]) if c in releasing[name] else (NOT_HELD, "dim")
+        return mark
 
-    out: list[Text] = []
-    for block in _fold(groups, cell, label_w, width):
-        node_line = Text("NUMA".ljust(label_w), style="bold")
-        l3_line = Text("L3".ljust(label_w), style="bold")
-        cpu_line = Text("CPU".ljust(label_w), style="bold")
-        prev_node = None
-        prev_label = None
-        for piece in block:
-            node, label, members = piece
-            w = _piece_width(piece, cell)
-            node_text = _node_text(node) if node != prev_node else ""
-            l3_text = label if label != prev_label else ""
-            node_line.append(" | " + node_text[:w].ljust(w), style="bold")
-            l3_line.append(" | " + l3_text[:w].ljust(w))
-            cpu_line.append(" | " + " ".join(str(c).rjust(cell) for c in members).ljust(w), style="bold")
-            prev_node, prev_label = node, label
-        lines = [node_line, l3_line, cpu_line]
-        for name, style, key in rows:
-            line = Text(name.ljust(label_w), style=style)
-            for piece in block:
-                line.append(" | ")
-                members = piece[2]
-                for i, c in enumerate(members):
-                    ch, st = mark(key, c)
-                    line.append((" " if i else "") + ch.rjust(cell), style=st)
-                line.append(" " * (_piece_width(piece, cell) - (len(members) * (cell + 1) - 1)))
-            lines.append(line)
-        for line in lines:
-            line.append(" |")
-        out.extend(lines)
-        out.append(Text(""))
-    return out
+    rows = [MatrixRow(t["task"], styles[t["task"]], task_mark(t["task"])) for t in tasks]
+    if others:
+        rows.append(MatrixRow("other", "bold red",
+                              lambda c: (BUSY, "bold red") if c in busy else (NOT_HELD, "dim")))
+    rows.append(MatrixRow("free", "dim",
+                          lambda c: (NOT_HELD, "dim") if c in taken or c in busy else (FREE, "green")))
+    groups = cpu_groups(machine, list(machine.cpu_ids()))
+    return [_text(line) for line in matrix_lines(groups, rows, width)]
+
+
+def _text(line: list[tuple[str, str]]) -> Text:
+    """A matrix line whose label's style is the line's own, as the rest's default."""
+    if not line:
+        return Text("")
+    (label, style), *rest = line
+    text = Text(label, style=style)
+    for part, part_style in rest:
+        text.append(part, style=part_style or None)
+    return text
 
 
 def allocation_view(machine: Machine, listing: dict[str, Any], width: int) -> list[Any]:
@@ -157,9 +101,7 @@ def allocation_view(machine: Machine, listing: dict[str, Any], width: int) -> li
                           style="red"))
     if not tasks:
         items.append(Text("No tasks are registered.", style="dim"))
-    legend = Text(f"{HELD} held by the row's task   {RELEASING} being given back   "
-                  f"{BUSY} busy with unregistered work   {FREE} free", style="dim")
-    items.append(legend)
+    items.append(Text(legend(HELD + RELEASING + BUSY + FREE), style="dim"))
     return items
 
 

@@ -78,31 +78,3 @@ def machine_from_answer(answer: dict[str, Any], source: str = "skb") -> Machine:
         allowed_mems=tuple(allowed_mems) if isinstance(allowed_mems, list) else None,
         total_memory_bytes=_opt_int(answer.get("Total")),
     )
-
-
-def cpu_groups(machine: Machine, cpus: list[int] | None = None) -> list[tuple[int, str, list[int]]]:
-    """Runs of CPUs sharing one NUMA node and one L3 domain, in node then domain order.
-
-    Each is (node, label, cpus), the label naming the L3 (``L3 0-5``), or the
-    node when the machine reports no L3.  These are the column groups of the
-    allocation matrix (the COD paper's Figure 4)."""
-    from cod.facts.cpulist import format_cpulist
-
-    node_of = {p.id: (p.numa_node if p.numa_node is not None else -1) for p in machine.pus}
-    l3_of: dict[int, tuple[int, ...]] = {}
-    for cache in machine.l3_caches():
-        for c in cache.cpus:
-            l3_of.setdefault(c, cache.cpus)
-    wanted = sorted(cpus if cpus is not None else machine.cpu_ids())
-    keyed = sorted(wanted, key=lambda c: (node_of.get(c, -1), min(l3_of.get(c, (c,))) if c in l3_of else -1, c))
-    groups: list[tuple[int, str, list[int]]] = []
-    prev: tuple[int, tuple[int, ...] | None] | None = None
-    for c in keyed:
-        key = (node_of.get(c, -1), l3_of.get(c))
-        if key != prev:
-            domain = key[1]
-            label = f"L3 {format_cpulist(domain)}" if domain else (f"node {key[0]}" if key[0] >= 0 else "machine")
-            groups.append((key[0], label, []))
-            prev = key
-        groups[-1][2].append(c)
-    return groups
