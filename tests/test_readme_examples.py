@@ -3,6 +3,7 @@ docs/examples gives the output the README prints, apart from the solve time."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -28,6 +29,7 @@ def without_time(text: str) -> str:
 def test_the_readme_plan_example_runs_as_shown() -> None:
     command, *shown = readme_block(".venv/bin/cod plan")
     args = command.split()[1:]
-    r = subprocess.run([*COD, *args], capture_output=True, text=True, cwd=REPO, timeout=120)
+    env = {**os.environ, "COLUMNS": "100"}  # the terminal the README's text says the matrix is folded to
+    r = subprocess.run([*COD, *args], capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert without_time(r.stdout).splitlines() == [without_time(line) for line in shown]
