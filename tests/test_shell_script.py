@@ -172,6 +172,14 @@ def test_embedded_skb_script() -> None:
     assert ":watch needs a daemon" in r.stderr
 
 
+def test_piped_text_has_no_trailing_blanks() -> None:
+    """Rich pads a table's last column to its widest cell; into a file, lines end at their text."""
+    r = run_shell("--machine", "magnycours", "-c", ":help", "-c", ":machine", "-c", ":facts")
+    assert r.returncode == 0, r.stderr
+    padded = [line for line in r.stdout.splitlines() if line != line.rstrip()]
+    assert not padded and ":allocation" in r.stdout
+
+
 def test_embedded_hwloc_machine() -> None:
     hwloc = Path(__file__).parent / "data" / "topologies" / "hwloc" / "16em64t-4s2c2t.xml"
     r = run_shell("--hwloc", str(hwloc), "--format", "json", "-c", "get_nr_cores(N).", "-c", ":machine")

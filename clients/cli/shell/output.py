@@ -73,9 +73,15 @@ class Output:
         width = self.console.width
         try:
             self.console.width = self._natural_width(item)
-            self.console.print(item)
+            if self.colour:
+                self.console.print(item)
+                return
+            with self.console.capture() as captured:
+                self.console.print(item)
         finally:
             self.console.width = width
+        # A table pads its last column to the widest cell: no trailing blanks in a file.
+        self.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
     def _natural_width(self, item: RenderableType) -> int:
         wide = self.console.options.update(max_width=PIPE_MAX_WIDTH)
