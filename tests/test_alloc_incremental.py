@@ -65,6 +65,24 @@ def one_change(inst, data):
     return allocator, after, published, unavailable, view
 
 
+def test_an_arrival_that_takes_a_whole_core_does_not_give_half_of_it_back() -> None:
+    """Found by the test below: exclusive t1 arrives where exclusive t0 holds every CPU (one whole
+    core of two threads and a lone thread). t0 gave up the whole core, t1's memory let it use
+    one of its CPUs, and the other went back to t0: two exclusive tasks on one core, and the
+    mapping of counts to CPUs failed (ValueError) instead of the full solve answering."""
+    m = build(Shape("pair", packages=2, dies_per_package=1, cores_per_die=1, threads_per_core=2,
+                    node_memory_bytes=2 * GIB))
+    t0 = TaskSpec("t0", min_cores=1, exclusive=True)
+    t1 = TaskSpec("t1", min_cores=2, exclusive=True, working_set_bytes=2 * GIB)
+    view = build_view(m, [0])
+    assert sorted(len(g.cpus) for g in view.classes) == [1, 2]  # a whole core and a lone thread
+    allocator = Allocator(m, time_limit_s=PROVING_S)
+    published = allocator.allocate([t0], unavailable=[0]).as_mapping()
+    assert sorted(published["t0"]) == [1, 2, 3]
+    r = allocator.allocate([t0, t1], published, unavailable=[0])
+    check(view, [t0, t1], published, r)
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(instances(), st.data())
 def test_one_arrival_or_departure_against_the_oracle(inst, data):

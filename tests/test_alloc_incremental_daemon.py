@@ -157,3 +157,29 @@ def test_a_plan_the_service_did_not_adopt_leads_to_a_full_solve():
             runner.close()
 
     asyncio.run(scenario())
+
+
+def test_a_failing_repair_is_not_taken_for_bad_input(monkeypatch):
+    """A bug of the incremental repair that raises ValueError (the mapping did, for an exclusive
+    newcomer, until session 15) is the allocator's own failure: the runner plans from scratch and
+    admits the task. It used to pass the ValueError on as bad input, refusing the admission."""
+    m = machines.load("barcelona")
+    a = TaskSpec("a", min_cores=2, max_cores=8)
+    b = TaskSpec("b", min_cores=4, max_cores=8)
+
+    def broken(self, req, deadline):
+        raise ValueError("min() arg is an empty sequence")
+
+    async def scenario():
+        runner = AllocatorRunner(m, time_limit_s=TIME_LIMIT_S)
+        try:
+            first = await runner.run([a], {})
+            monkeypatch.setattr(Allocator, "_incremental", broken)
+            both = await runner.run([a, b], first.cores)
+            full = allocate(m, [a, b], first.cores)
+            assert both.cores == {t.name: tuple(t.cores) for t in full.tasks}
+            assert not both.proof.startswith("incremental"), both.proof
+        finally:
+            runner.close()
+
+    asyncio.run(scenario())

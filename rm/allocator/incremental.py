@@ -47,7 +47,7 @@ from cod.facts.model import Machine
 from .bounds import fewest, task_caps
 from .explain import explain
 from .mapping import map_counts
-from .model import SOLVERS, AllocationResult, OtherDemand, TaskSpec
+from .model import SOLVERS, AllocationResult, OtherDemand, RepairError, TaskSpec
 from .packing import _place, _State
 from .problem import is_other, moves, objective, priority_levels, violations
 from .request import Request, prepare, result, solve
@@ -94,7 +94,7 @@ class Allocator:
         req = prepare(self.machine, tasks, current, others, unavailable)
         out = None
         if self.solver == "cpsat" and self._last is not None:
-            out = self._incremental(req, start + limit)
+            out = self._repaired(req, start + limit)
         if out is None:
             out = solve(req, self.solver, max(0.001, limit - (time.perf_counter() - start)))
         return self._remember(req, out, start, explain)
@@ -109,8 +109,17 @@ class Allocator:
             return None
         start = time.perf_counter()
         req = prepare(self.machine, tasks, current, others, unavailable)
-        out = self._incremental(req, None)
+        out = self._repaired(req, None)
         return None if out is None else self._remember(req, out, start, explain)
+
+    def _repaired(self, req: Request, deadline: float | None) -> "_Incremental | None":
+        """:meth:`_incremental`, whose failure is a bug of the repair, never bad input: that
+        :func:`prepare` has refused already (so the daemon does not refuse an admission for it)."""
+        try:
+            return self._incremental(req, deadline)
+        except Exception as err:
+            self._last = None
+            raise RepairError(f"the incremental repair failed: {err!r}") from err
 
     def _remember(self, req: Request, out: "_Incremental | Outcome", start: float, explain: bool) -> AllocationResult:
         """``out`` becomes the last answer (when it is an allocation); the result of the call."""
@@ -272,9 +281,12 @@ class Allocator:
                         got += k
                         want -= k
                         changed.add(gi)
-                    if k < give:  # the newcomer could not use all of it: give the rest back
-                        st.set_count(v, gi, st.counts[v.name].get(gi, 0) + (give - k))
-                    spare -= k
+                    # The newcomer could not use all of it: give the rest back, as far as it still
+                    # fits (the newcomer's whole cores may have taken a core v kept a CPU of).
+                    back = min(give - k, st.avail(v, gi))
+                    if back > 0:
+                        st.set_count(v, gi, st.counts[v.name].get(gi, 0) + back)
+                    spare -= give - back
                     if k:
                         victims += 1
         if got < new.min_cores:

@@ -23,6 +23,11 @@ class TaskSpecError(CodError, ValueError):
     """A task description is invalid; the message names the task and the key."""
 
 
+class RepairError(CodError, RuntimeError):
+    """The incremental repair of the last allocation failed: a bug, not bad input; the full
+    solve can still answer (the daemon's allocator runner does so)."""
+
+
 @dataclass(frozen=True)
 class TaskSpec:
     """What one task asks for.  Every field but ``name`` has a default.
