@@ -12,8 +12,9 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "vm"))
 from guestconsole import (BOOT_ATTEMPTS, CONSOLE_TAIL_LINES, FIRST_ALARMS_KEPT, SCRIPT_STARTED,  # noqa: E402
-                          Outcome, StderrSplitter, headline, kept_console, outcome)
-from vmrun import KEPT_CPUSET, ROOT, VmError, guest_pytest, rw_dirs  # noqa: E402
+                          MEMORY_MAP_RACE, PATCHING_RACE, Outcome, StderrSplitter, headline, kept_console,
+                          outcome)
+from vmrun import KEPT_CPUSET, ROOT, VmError, guest_pytest, run_tests, rw_dirs  # noqa: E402
 
 PANIC = ["[    4.030108] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI",
          "[    4.032216] RIP: 0010:sched_clock_cpu+0x9/0x190",
@@ -21,15 +22,26 @@ PANIC = ["[    4.030108] Oops: int3: 0000 [#1] PREEMPT SMP NOPTI",
 OTHER_PANIC = ["[    0.021879] Kernel panic - not syncing: kernel: panic_on_warn set ..."]
 QUIET = ["[    4.440918] Invalid ELF header magic: != ELF"]
 WARNING = ["[  120.1] BUG: soft lockup - CPU#1 stuck for 22s! [python:301]"]
+# As the CI's console ended on 2026-11-28 (loglevel=4: the boot's first lines, then QEMU's abort).
+QEMU_ABORT = ["printk: legacy bootconsole [earlyser0] enabled",
+              "qemu-system-x86_64: ../../hw/pci/msix.c:218: msix_table_mmio_write: Assertion "
+              "`addr + size <= dev->msix_entries_nr * PCI_MSIX_ENTRY_SIZE' failed."]
+QEMU_ERROR = ["qemu-system-x86_64: -numa node,memdev=m0: memdev=m0 is ambiguous"]  # not an abort
 
 OUTCOMES = [
     # rc, script started, console, attempt -> boot again, show console
     (0, True, QUIET, 1, Outcome(False, False)),
     (0, True, PANIC, 1, Outcome(False, False)),          # the tests passed: nothing to say
-    (255, False, PANIC, 1, Outcome(True, False)),        # the boot race: boot again
-    (255, False, PANIC, BOOT_ATTEMPTS - 1, Outcome(True, False)),
+    (255, False, PANIC, 1, Outcome(True, False, PATCHING_RACE)),        # the boot race: boot again
+    (255, False, PANIC, BOOT_ATTEMPTS - 1, Outcome(True, False, PATCHING_RACE)),
     (255, False, PANIC, BOOT_ATTEMPTS, Outcome(False, True)),   # attempts used up
-    (255, True, PANIC, 1, Outcome(True, True)),          # the race during the tests: run again, console shown
+    (255, True, PANIC, 1, Outcome(True, True, PATCHING_RACE)),  # the race during the tests: run again, console shown
+    (255, False, QEMU_ABORT, 1, Outcome(True, False, MEMORY_MAP_RACE)),  # QEMU aborted booting: boot again
+    (255, False, QEMU_ABORT, BOOT_ATTEMPTS, Outcome(False, True)),      # attempts used up
+    (255, True, QEMU_ABORT, 1, Outcome(True, True, MEMORY_MAP_RACE)),   # during the tests: run again
+    (255, True, PANIC + QEMU_ABORT, 1, Outcome(True, True, MEMORY_MAP_RACE)),  # the abort named first
+    (0, True, QEMU_ABORT, 1, Outcome(False, False)),     # cannot be, but a pass is a pass
+    (255, False, QEMU_ERROR, 1, Outcome(False, True)),   # QEMU refused its options: reported, never retried
     (255, True, PANIC, BOOT_ATTEMPTS, Outcome(False, True)),    # attempts used up
     (255, True, OTHER_PANIC, 1, Outcome(False, True)),   # another panic during the tests: reported
     (255, False, OTHER_PANIC, 1, Outcome(False, True)),  # another boot panic: reported
@@ -51,6 +63,7 @@ def test_headline_is_the_first_alarm():
     assert headline(PANIC[1:] + PANIC[:1]) == PANIC[0].strip()  # the Oops, though its RIP came first
     assert headline(QUIET) == QUIET[0]
     assert headline([]) == "(the console said nothing)"
+    assert headline(PANIC + QEMU_ABORT) == QEMU_ABORT[1]  # the emulator's abort is the cause
 
 
 def test_the_guest_script_announces_its_start_first():
@@ -94,6 +107,20 @@ def test_the_splitter_keeps_the_boot_and_console_and_passes_the_scripts_lines(ca
     assert capfd.readouterr().err == "Traceback: from the script\n"
 
 
+def test_the_splitter_keeps_qemus_abort_during_the_tests(capfd):
+    # After the script's start only console lines are kept; QEMU's abort is kept too, or a race
+    # during the tests would look like a guest that died saying nothing.
+    read_fd, write_fd = os.pipe()
+    with os.fdopen(read_fd, "rb") as reader:
+        splitter = StderrSplitter(reader)
+        with os.fdopen(write_fd, "wb") as writer:
+            writer.write((SCRIPT_STARTED + "\n" + "tests/vm/test_memory.py ...\n" + QEMU_ABORT[1] + "\n").encode())
+        console = splitter.join()
+    assert console == [QEMU_ABORT[1]]
+    assert outcome(255, True, console, 1) == Outcome(True, True, MEMORY_MAP_RACE)
+    assert capfd.readouterr().err == "tests/vm/test_memory.py ...\n"
+
+
 def console_line(n: int, text: str = "ok") -> str:
     return f"[{n:5d}.000000] {text}"
 
@@ -128,7 +155,7 @@ def test_a_panics_first_oops_is_its_headline_after_a_long_trace():
         console = splitter.join()
     assert n > CONSOLE_TAIL_LINES and 3 <= FIRST_ALARMS_KEPT
     assert headline(console) == console_line(1, "Oops: int3: 0000 [#1] PREEMPT SMP NOPTI")
-    assert outcome(255, False, console, 1) == Outcome(True, False)  # still the boot race
+    assert outcome(255, False, console, 1) == Outcome(True, False, PATCHING_RACE)  # still the boot race
     # the Oopses #1 and #2 (the tail starts within #3's trace), the count, the tail
     assert console[:3] == [console_line(1, "Oops: int3: 0000 [#1] PREEMPT SMP NOPTI"),
                            console_line(42, "Oops: int3: 0000 [#2] PREEMPT SMP NOPTI"),
@@ -141,3 +168,26 @@ def test_the_guest_writes_through_only_to_directories_of_the_project():
     for bad in ("/tmp", "..", ".", "bench/experiments/no-such-dir"):
         with pytest.raises(VmError, match="not an existing directory inside the project"):
             rw_dirs((bad,))
+
+
+def test_a_guest_that_qemu_aborted_is_booted_again(tmp_path, capfd):
+    # A stand-in for virtme-ng: QEMU's abort the first time (as at the CI's), the tests' start
+    # and a pass the second. The runner boots again once, says why, and returns the pass.
+    boots, abort = tmp_path / "boots", tmp_path / "abort"
+    abort.write_text(QEMU_ABORT[1] + "\n")  # quotes and a backquote: cat, not echo
+    fake_vng = tmp_path / "vng"
+    fake_vng.write_text(f"""#!/bin/sh
+echo x >> {boots}
+if [ "$(wc -l < {boots})" -eq 1 ]; then
+  cat {abort} >&2
+  exit 255
+fi
+echo '{SCRIPT_STARTED}' >&2
+echo 'the tests passed'
+""")
+    fake_vng.chmod(0o755)
+    assert run_tests("2x2", [str(fake_vng)], dict(os.environ), timeout=60, verbose=False) == 0
+    assert boots.read_text() == "x\nx\n"
+    err = capfd.readouterr().err
+    assert f"{MEMORY_MAP_RACE} while booting, before any test ran" in err
+    assert "booting it again" in err

@@ -327,7 +327,7 @@ def run_guest(cmd: list[str], env: dict[str, str], timeout: float | None, intera
 
 def run_tests(topo_name: str, cmd: list[str], env: dict[str, str], timeout: float, verbose: bool) -> int:
     """Boot the guest and run its script; boot again (up to BOOT_ATTEMPTS in all) only when
-    the kernel panicked in QEMU's code-patching race (guestconsole.py says why)."""
+    one of QEMU's TCG races ended it (guestconsole.py says which and why)."""
     attempt = 1
     while True:
         start = time.monotonic()
@@ -343,8 +343,8 @@ def run_tests(topo_name: str, cmd: list[str], env: dict[str, str], timeout: floa
         if verdict.boot_again:
             when = "during the tests" if splitter.script_started else "while booting, before any test ran"
             again = "running the suite again in a new guest" if splitter.script_started else "booting it again"
-            log(f"its kernel panicked {when} ({headline(console)}): QEMU's TCG raced the kernel's "
-                f"code patching (tests/vm/guestconsole.py); {again}")
+            log(f"{verdict.race} {when} ({headline(console)}): a known QEMU 7.2 bug "
+                f"(tests/vm/guestconsole.py); {again}")
             attempt += 1
             continue
         return rc
