@@ -74,6 +74,29 @@ def test_task_cpu_use_and_departure(spawn):
     assert sampler.sample(tasks)["hog"].pids == ()
 
 
+def test_a_task_reading_delayed_within_a_sample_is_divided_by_its_own_time(tmp_path):
+    # Two tasks, samples 1 s apart; the second task's reading comes 0.5 s after the sample's start
+    # in the first sample (the first task's numa_maps, a loaded machine), at once in the second.
+    # It used 0.5 core all along: over its readings' own span that is 0.5, over the samples' 1 s
+    # it was 0.25.
+    def write(pid: int, ticks: int) -> None:
+        rest = ["0"] * 50
+        rest[0], rest[11], rest[19] = "R", str(ticks), "1000"  # state, utime, start time
+        (tmp_path / str(pid)).mkdir(exist_ok=True)
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (fake) {' '.join(rest)}\n")
+
+    times = iter([0.0, 0.5, 1.0, 1.0])  # the readings of task a, b; then a, b
+    sampler = TaskSampler(proc=str(tmp_path), clock=lambda: next(times))
+    write(11, 0)
+    write(12, 25)  # read at 0.5 s: 0.5 core since 0
+    sampler.sample({"a": [11], "b": [12]}, pages=False)
+    write(11, 100)
+    write(12, 50)
+    state = sampler.sample({"a": [11], "b": [12]}, pages=False)
+    assert state["a"].cpu == pytest.approx(1.0)
+    assert state["b"].cpu == pytest.approx(0.5)
+
+
 def test_live_state_in_one_call(spawn):
     task = spawn(1, "sleep")
     state = LiveStateSampler().sample({"db": [task.pid]})

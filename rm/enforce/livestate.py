@@ -127,7 +127,6 @@ class TaskSampler:
         self._prev: dict[int, tuple[int, int, float]] = {}  # pid -> (start, ticks, at)
 
     def sample(self, tasks: Mapping[str, Iterable[int]], pages: bool = True) -> dict[str, TaskState]:
-        now = self.clock()
         seen: dict[int, tuple[int, int, float]] = {}
         out: dict[str, TaskState] = {}
         for task, pids in tasks.items():
@@ -139,6 +138,10 @@ class TaskSampler:
                     st = procfs.read_stat(pid, proc=self.proc)
                 except (FileNotFoundError, ProcessLookupError):
                     continue
+                # Each reading carries its own time, as the busy detector's do: a sample delayed
+                # after its start (another task's numa_maps, a loaded machine) would otherwise
+                # divide this process's CPU time by the wrong span (clone 65: 0.295 cores).
+                now = self.clock()
                 ticks = st.utime + st.stime
                 prev = self._prev.get(pid)
                 if prev is not None and prev[0] == st.start_time and now > prev[2]:
