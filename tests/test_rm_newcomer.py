@@ -38,16 +38,22 @@ def upcalls_of(conn: RawConn, task: str, wait_s: float) -> list[dict]:
     return got
 
 
+def db_on_one_cpu(daemon, spawn):
+    """A sleeping process registered as task db with exactly one CPU: (process, connection, its CPU)."""
+    db = spawn(1, "sleep")
+    c = RawConn(daemon.path)
+    c.hello("newcomer")
+    home = register(c, "db", db.pid, min_cores=1, max_cores=1)["allocation"]["cores"]
+    assert len(home) == 1
+    return db, c, home
+
+
 @two_cpus
 @needs_root()
 def test_the_newcomer_moves_and_the_registered_task_stays(tmp_path, spawn):
     d, _ = enforcing_daemon(tmp_path, "affinity", "--busy-window", "2")
     try:
-        db = spawn(1, "sleep")
-        c = RawConn(d.path)
-        c.hello("newcomer")
-        home = register(c, "db", db.pid, min_cores=1, max_cores=1)["allocation"]["cores"]
-        assert len(home) == 1
+        db, c, home = db_on_one_cpu(d, spawn)
         moves = []
         for run in range(RUNS):
             # It happens to run on db's CPU: it starts there, for pinning it after its start raced
@@ -82,10 +88,7 @@ def test_a_confined_hog_that_pins_itself_back_is_confined_again(tmp_path, spawn)
     (the test's preexec pin) to db's CPU; the RM trusted its record and left it there."""
     d, _ = enforcing_daemon(tmp_path, "affinity", "--busy-window", "2")
     try:
-        db = spawn(1, "sleep")
-        c = RawConn(d.path)
-        c.hello("newcomer")
-        home = register(c, "db", db.pid, min_cores=1, max_cores=1)["allocation"]["cores"]
+        db, c, home = db_on_one_cpu(d, spawn)
         free = [x for x in ALL if x not in home]
         hog = spawn(1, "spin", cpus=free)
         wait_until(lambda: hog.pid in others_of(c), 10, "the hog recorded as other_task")
