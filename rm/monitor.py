@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -48,14 +47,6 @@ PAGES_EVERY = 5  # refreshes between two reads of numa_maps (it walks the page t
 LOAD_STEP = 5  # percentage points a load must move before cpu_load/task_cpu_use is rewritten
 
 
-def mask_within(pid: int, cpus: tuple[int, ...]) -> bool:
-    """Whether process ``pid``'s affinity lies within ``cpus`` (False once it is gone)."""
-    try:
-        return set(os.sched_getaffinity(pid)) <= set(cpus)
-    except OSError:
-        return False
-
-
 class Monitor:
     def __init__(self, rm: ResourceManager, cfg: RMConfig, enforcer: Enforcer,
                  *, root: bool, skb_pid: Callable[[], int | None]) -> None:
@@ -70,9 +61,6 @@ class Monitor:
         self.node_of = {pu.id: pu.numa_node for pu in rm.machine.pus}
         self.hogs: dict[int, BusyProcess] = {}  # what the detector last said about each other_task
         self.confined: dict[int, tuple[int, ...]] = {}  # hog pid -> CPUs it is confined to
-        # The confined hogs whose mask showed their confinement just after it (affinity, cpuset; not
-        # sched_ext's maps): a mask that leaves it later is a process that moved itself (`escaped`).
-        self.masked: set[int] = set()
         self.source: Any = None
         self.detector: BusyDetector | None = None
         self.sampler = LiveStateSampler()
@@ -246,9 +234,8 @@ class Monitor:
             if hog.pid not in current:
                 log.info("unregistered busy process %d (%s): %.2f cores, running on CPU %d",
                          hog.pid, printable(hog.comm), hog.cpu, hog.last_cpu)
-        again = escaped({pid: self.confined[pid] for pid in self.masked}, busy)
+        again = escaped(self.confined, busy)
         for pid in again:
-            self.masked.discard(pid)
             log.info("busy process %d (%s) may run on CPUs %s, beyond its confinement to %s: confining it again",
                      pid, printable(self.hogs[pid].comm), ",".join(map(str, self.hogs[pid].cpus)),
                      ",".join(map(str, self.confined.pop(pid))))
@@ -280,14 +267,11 @@ class Monitor:
             try:
                 confine(self.enforcer, hog, target, mems)
                 self.confined[pid] = target
-                if mask_within(pid, target):
-                    self.masked.add(pid)
                 log.info("confined busy process %d (%s) to CPUs %s", pid, other.comm, ",".join(map(str, target)))
             except EnforceError as err:
                 log.info("not confining busy process %d: %s", pid, err)
 
     def _unconfine(self, pid: int) -> None:
-        self.masked.discard(pid)
         if self.confined.pop(pid, None) is None:
             return
         try:
