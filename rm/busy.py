@@ -17,8 +17,7 @@ the monitor (:mod:`.monitor`) runs both and records the result through :mod:`.de
   use rounded (at least one core), placed where it runs; one the RM may not confine can
   only be kept where its own affinity lets it run (:func:`next_others`).  After each plan
   it is confined to what the plan reserved, or, when the tasks' floors left it nothing
-  reserved, to the CPUs no task was given (:func:`confinement_target`); one whose affinity
-  reaches beyond that again at a later sample is confined again (:func:`escaped`).
+  reserved, to the CPUs no task was given (:func:`confinement_target`).
 """
 
 from __future__ import annotations
@@ -138,13 +137,6 @@ def next_others(current: Mapping[int, OtherTask], busy: Iterable[Sampled], may_c
                                 None if movable else tuple(hog.cpus))
         changes.append(f"busy process {pid} ({printable(hog.comm)}) uses {hog.cpu:.2f} cores")
     return others, changes
-
-
-def escaped(confined: Mapping[int, tuple[int, ...]], busy: Iterable[Sampled]) -> list[int]:
-    """The confined busy processes whose affinity now reaches beyond where they were confined: they
-    set it themselves or another program did (a process pinning itself between its fork and its
-    exec, just after the RM confined it, clone 65).  They are to be confined again."""
-    return sorted(h.pid for h in busy if h.pid in confined and not set(h.cpus) <= set(confined[h.pid]))
 
 
 def confinement_target(other: OtherTask, planned: set[int], all_cpus: list[int]) -> tuple[int, ...] | None:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from .system_facts import ANY, cpu_load_fact, numa_free_fact, task_cpu_use_fact, task_numa_pages_fact
-from .busy import confinement_target, escaped, next_others, printable
+from .busy import confinement_target, next_others, printable
 from .names import other_task_name
 from .config import RMConfig
 from .enforce import EnforceError, Enforcer
@@ -234,13 +234,6 @@ class Monitor:
             if hog.pid not in current:
                 log.info("unregistered busy process %d (%s): %.2f cores, running on CPU %d",
                          hog.pid, printable(hog.comm), hog.cpu, hog.last_cpu)
-        again = escaped(self.confined, busy)
-        for pid in again:
-            log.info("busy process %d (%s) may run on CPUs %s, beyond its confinement to %s: confining it again",
-                     pid, printable(self.hogs[pid].comm), ",".join(map(str, self.hogs[pid].cpus)),
-                     ",".join(map(str, self.confined.pop(pid))))
-        if again:
-            self._reconfine()  # where the current plan keeps them; a new plan, if any, confines again
         if changes:
             self._spawn(self.rm.busy_changed(others, "; ".join(changes)))
 

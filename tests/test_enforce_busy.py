@@ -335,19 +335,3 @@ def test_thread_sched_reads_schedstat_state_and_voluntary_switches(tmp_path):
     assert procfs.threads_sched(7, str(tmp_path)) == {
         7: procfs.ThreadSched(7000, 70, False, 12), 8: procfs.ThreadSched(8000, 80, True, 0)}
     assert procfs.threads_sched(9, str(tmp_path)) == {} and procfs.thread_sched(7, 9, str(tmp_path)) is None
-
-
-@pytest.mark.parametrize("confined,affinities,again", [
-    ({}, {10: (0, 1)}, []),                       # never confined: not the RM's to put right
-    ({10: (1,)}, {10: (1,)}, []),                 # where it was confined
-    ({10: (1, 2)}, {10: (2,)}, []),               # narrower than its confinement: still inside it
-    ({10: (1,)}, {10: (0,)}, [10]),               # pinned itself back to a task's CPU
-    ({10: (1,)}, {10: (0, 1)}, [10]),             # widened to every CPU
-    ({10: (1,), 11: (1,)}, {11: (0,), 10: (1,)}, [11]),
-    ({10: (1,)}, {}, []),                         # no longer sampled busy: the monitor forgets it
-])
-def test_a_confined_process_whose_affinity_leaves_its_confinement_is_confined_again(confined, affinities, again):
-    from cod.rm.busy import escaped
-    from cod.rm.enforce.busy import BusyProcess
-    busy = [BusyProcess(pid, 1, "hog", 1.0, cpus, cpus[0]) for pid, cpus in affinities.items()]
-    assert escaped(confined, busy) == again

@@ -80,24 +80,3 @@ def test_the_newcomer_moves_and_the_registered_task_stays(tmp_path, spawn):
     finally:
         d.stop()
 
-
-@two_cpus
-@needs_root()
-def test_a_confined_hog_that_pins_itself_back_is_confined_again(tmp_path, spawn):
-    """Clone 65: the RM confined a hog between its fork and its exec, then the hog pinned itself
-    (the test's preexec pin) to db's CPU; the RM trusted its record and left it there."""
-    d, _ = enforcing_daemon(tmp_path, "affinity", "--busy-window", "2")
-    try:
-        db, c, home = db_on_one_cpu(d, spawn)
-        free = [x for x in ALL if x not in home]
-        hog = spawn(1, "spin", cpus=free)
-        wait_until(lambda: hog.pid in others_of(c), 10, "the hog recorded as other_task")
-        wait_until(lambda: d.log_text().count(f"confined busy process {hog.pid} ") == 1, 10, "the hog confined")
-        for tid in hog.tids:
-            os.sched_setaffinity(tid, home)  # as the process itself may, after the RM confined it
-        wait_until(lambda: all(set(os.sched_getaffinity(t)) <= set(free) for t in hog.tids), 10,
-                   "the hog confined again, away from db's CPU")
-        assert f"busy process {hog.pid} (spinner) may run on CPUs {home[0]}, beyond its confinement" in d.log_text()
-        assert sorted(os.sched_getaffinity(db.pid)) == home
-    finally:
-        d.stop()
