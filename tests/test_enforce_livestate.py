@@ -12,6 +12,7 @@ from cod.rm.enforce.livestate import (
     CpuLoadSampler, LiveStateSampler, TaskSampler, node_free_bytes, numa_pages, parse_numa_maps,
 )
 from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
+from test_enforce_busy import write_stat
 
 CPUS = sorted(os.sched_getaffinity(0))
 NODES = sorted(int(n[4:]) for n in os.listdir("/sys/devices/system/node") if n[4:].isdigit() and n.startswith("node"))
@@ -79,19 +80,13 @@ def test_a_task_reading_delayed_within_a_sample_is_divided_by_its_own_time(tmp_p
     # in the first sample (the first task's numa_maps, a loaded machine), at once in the second.
     # It used 0.5 core all along: over its readings' own span that is 0.5, over the samples' 1 s
     # it was 0.25.
-    def write(pid: int, ticks: int) -> None:
-        rest = ["0"] * 50
-        rest[0], rest[11], rest[19] = "R", str(ticks), "1000"  # state, utime, start time
-        (tmp_path / str(pid)).mkdir(exist_ok=True)
-        (tmp_path / str(pid) / "stat").write_text(f"{pid} (fake) {' '.join(rest)}\n")
-
     times = iter([0.0, 0.5, 1.0, 1.0])  # the readings of task a, b; then a, b
     sampler = TaskSampler(proc=str(tmp_path), clock=lambda: next(times))
-    write(11, 0)
-    write(12, 25)  # read at 0.5 s: 0.5 core since 0
+    write_stat(tmp_path, 11, 0)
+    write_stat(tmp_path, 12, 25)  # read at 0.5 s: 0.5 core since 0
     sampler.sample({"a": [11], "b": [12]}, pages=False)
-    write(11, 100)
-    write(12, 50)
+    write_stat(tmp_path, 11, 100)
+    write_stat(tmp_path, 12, 50)
     state = sampler.sample({"a": [11], "b": [12]}, pages=False)
     assert state["a"].cpu == pytest.approx(1.0)
     assert state["b"].cpu == pytest.approx(0.5)

@@ -79,4 +79,3 @@ def test_the_newcomer_moves_and_the_registered_task_stays(tmp_path, spawn):
         assert moves == [], f"db was moved {len(moves)} times in {RUNS} runs: {moves}"
     finally:
         d.stop()
-

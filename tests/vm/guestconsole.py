@@ -46,9 +46,9 @@ CONSOLE_TAIL_LINES = 60
 FIRST_ALARMS_KEPT = 8  # a panic's first Oops is its cause; later ones can push it out of the tail
 PYTEST_EXIT_CODES = range(0, 6)  # pytest's own: ok, failed, interrupted, internal, usage, none
 _CONSOLE_LINE = re.compile(r"^\[\s*\d+\.\d+\] ")
-_ALARM = re.compile(r"Kernel panic|Oops|BUG:|general protection|RIP: |^qemu-system-\S+: .*Assertion .* failed")
 # QEMU's own assertion: the emulator aborted, whatever the guest's kernel was doing.
 _EMULATOR_ABORT = re.compile(r"^qemu-system-\S+: .*Assertion .* failed")
+_ALARM = re.compile(r"Kernel panic|Oops|BUG:|general protection|RIP: |" + _EMULATOR_ABORT.pattern)
 _HEADLINES = ("qemu-system-", "Oops", "BUG:", "general protection", "Kernel panic", "RIP: ")  # the most telling first
 
 
