@@ -68,6 +68,7 @@ class RMConfig:
     skb_app_slots: int = EngineConfig.app_slots  # queries of one application running at once
     skb_max_threads: int = EngineConfig.max_threads
     skb_worker_idle_s: float = EngineConfig.worker_idle_s
+    skb_journal_compact_at: int = EngineConfig.journal_compact_at  # replay journal entries before it is compacted
     skb_user: str = EngineConfig.user    # the engine's unprivileged user when the daemon is root (else nobody)
     skb_uid_threads: int = EngineConfig.uid_threads  # queries of one unprivileged uid at once, both channels
     skb_reserved_privileged_threads: int = EngineConfig.reserved_privileged_threads  # for root and the daemon

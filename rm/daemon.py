@@ -182,6 +182,7 @@ class Daemon:
             large_stacks=cfg.skb_large_stacks,
             memory_limit_bytes=cfg.skb_memory_limit_bytes, app_slots=cfg.skb_app_slots,
             max_threads=cfg.skb_max_threads, worker_idle_s=cfg.skb_worker_idle_s,
+            journal_compact_at=cfg.skb_journal_compact_at,
             uid_threads=cfg.skb_uid_threads, reserved_privileged_threads=cfg.skb_reserved_privileged_threads,
             direct_idle_timeout_s=cfg.direct_idle_timeout_s, direct_max_connections=cfg.direct_max_connections,
             direct_max_connections_per_uid=cfg.direct_max_connections_per_uid,

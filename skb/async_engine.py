@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import fcntl
+import functools
 import logging
 import sys
 import termios
@@ -88,7 +89,7 @@ class _EngineOutput(asyncio.Protocol):
 class AsyncSKB:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self._session = Session()
+        self._session = Session(config.journal_compact_at)
         self._engine = EngineProcess(config, self._session)
         self._pending: dict[int, _Pending] = {}
         self._output: asyncio.ReadTransport | None = None
@@ -268,7 +269,7 @@ class AsyncSKB:
             fut.set_exception(SKBError("engine", "the SKB is not running"))
             return fut
         rid, line = self._session.request(op)
-        on_result = self._journal_hook(op) if (track_journal and op.journal) else None
+        on_result = self._journal_hook(op, rid) if (track_journal and op.journal) else None
         self._pending[rid] = _Pending(op, fut, on_result)
         self._write(line)
         return fut
@@ -291,9 +292,9 @@ class AsyncSKB:
             pass
         return self._sent - waiting
 
-    def _journal_hook(self, op: Op) -> Callable[[Any], None]:
+    def _journal_hook(self, op: Op, rid: int) -> Callable[[Any], None]:
         def record(_result: Any) -> None:
-            if self._session.succeeded(op):
+            if self._session.succeeded(op, rid):
                 self._compact_soon()
         return record
 
@@ -301,8 +302,8 @@ class AsyncSKB:
         """Fold the journal into a snapshot; the writer thread runs it after every write sent before."""
         if self._stdin is None:
             return
-        rid, line = self._session.request(codec.snapshot())
-        self._pending[rid] = _Pending(codec.snapshot(), None, self._session.compact)
+        rid, line = self._session.snapshot_request()
+        self._pending[rid] = _Pending(codec.snapshot(), None, functools.partial(self._session.compact, rid))
         self._write(line)
 
     async def _run(self, op: Op, timeout_s: float | None = None) -> Any:

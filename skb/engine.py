@@ -55,7 +55,7 @@ class SKB:
         self.config = config or EngineConfig(query_timeout_s=query_timeout_s, inference_limit=inference_limit,
                                              large_stack_bytes=stack_limit_bytes, load_library=load_library,
                                              library_dir=library_dir)
-        self._session = Session()
+        self._session = Session(self.config.journal_compact_at)
         self._engine = EngineProcess(self.config, self._session)
         self._lines: list[bytes] = []
         try:
@@ -130,10 +130,12 @@ class SKB:
         return self._lines.pop(0)
 
     def _exchange(self, op: Op, deadline: float) -> Any:
+        return self._exchange_line(*self._session.request(op), deadline)
+
+    def _exchange_line(self, rid: int, line: bytes, deadline: float) -> Any:
         proc = self._engine.proc
         if proc is None:
             raise SKBError("engine", "the SKB is closed")
-        rid, line = self._session.request(op)
         assert proc.stdin is not None
         try:
             proc.stdin.write(line)
@@ -154,16 +156,19 @@ class SKB:
 
     def _run(self, op: Op, timeout_s: float | None = None) -> Any:
         wait = (self.config.query_timeout_s if timeout_s is None else timeout_s) + WATCHDOG_GRACE_S
+        rid, line = self._session.request(op)
         try:
-            result = self._exchange(op, time.monotonic() + wait)
+            result = self._exchange_line(rid, line, time.monotonic() + wait)
         except TimeoutError:
             self._restart("it did not answer in time")
             raise SKBError("timeout", f"the engine did not answer within {wait:.1f} s; it was restarted") from None
         except EOFError:
             self._restart("it exited")
             raise SKBError("engine", "the engine died during the request; it was restarted") from None
-        if op.journal and self._session.succeeded(op):
-            self._session.compact(self._exchange(codec.snapshot(), time.monotonic() + STARTUP_TIMEOUT_S))
+        if op.journal and self._session.succeeded(op, rid):
+            snap_rid, snap_line = self._session.snapshot_request()
+            self._session.compact(snap_rid, self._exchange_line(snap_rid, snap_line,
+                                                                time.monotonic() + STARTUP_TIMEOUT_S))
         return result
 
     # ---- system-level facts (trusted callers) -------------------------

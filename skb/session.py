@@ -82,6 +82,8 @@ class EngineConfig:
     direct_max_pending: int = 64  # direct connections waiting for their hello (a new one closes the oldest)
     direct_write_timeout_s: float = 10.0  # a direct connection that reads nothing of an answer this long is closed
     max_reply_bytes: int = MAX_REPLY_BYTES
+    bulk_reply_chars: int = 65536  # a reply longer than this waits behind small ones (cod_server.pl)
+    journal_compact_at: int = Journal.COMPACT_AT_LEAST  # entries before the journal's first compaction
     direct_socket: str | None = None  # the direct query channel's socket, or none
     max_frame_bytes: int = 1 << 20
     load_library: bool = True
@@ -108,6 +110,7 @@ class EngineConfig:
             "query-stack": self.query_stack_bytes, "large-stack": self.large_stack_bytes,
             "large-stacks": self.large_stacks,
             "max-reply-bytes": self.max_reply_bytes,
+            "bulk-reply-chars": self.bulk_reply_chars,
             "max-frame-bytes": self.max_frame_bytes,
             "max-time-limit": self.query_timeout_s,
             "inference-limit": self.inference_limit or 10_000_000,
@@ -137,14 +140,16 @@ class EngineConfig:
 class Session:
     """Requests and replies of one engine process, and the journal that can rebuild it."""
 
-    def __init__(self) -> None:
-        self.journal = Journal()
+    def __init__(self, journal_compact_at: int | None = None) -> None:
+        self.journal = Journal(journal_compact_at)
         self._next_id = 0
         self._buffer = bytearray()
 
     def reset(self) -> None:
-        """A new engine process: nothing is buffered, ids go on (a stale reply can never match)."""
+        """A new engine process: nothing is buffered, ids go on (a stale reply can never match),
+        and a snapshot asked of the old one will not come."""
         self._buffer.clear()
+        self.journal.snapshot_lost()
 
     def request(self, op: Op) -> tuple[int, bytes]:
         self._next_id += 1
@@ -179,13 +184,20 @@ class Session:
             log.error("SKB engine: %s", err.message)
             return None
 
-    def succeeded(self, op: Op) -> bool:
-        """Record a write that succeeded; True when the journal should be compacted now."""
-        self.journal.record(op)
+    def succeeded(self, op: Op, rid: int) -> bool:
+        """Record the write of request ``rid``, which succeeded; True when the journal should be
+        compacted now (then :meth:`snapshot_request` asks for the snapshot)."""
+        self.journal.record(op, rid)
         return self.journal.needs_compaction()
 
-    def compact(self, snapshot: dict[str, Any]) -> None:
-        self.journal.compact(snapshot)
+    def snapshot_request(self) -> tuple[int, bytes]:
+        """The request for a snapshot that :meth:`compact` folds into the journal."""
+        rid, line = self.request(codec.snapshot())
+        self.journal.snapshot_requested(rid)
+        return rid, line
+
+    def compact(self, rid: int, snapshot: dict[str, Any]) -> None:
+        self.journal.compact(snapshot, rid)
 
     def replay_ops(self) -> list[Op]:
         return self.journal.ops()

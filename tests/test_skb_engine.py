@@ -199,11 +199,10 @@ def test_async_engine() -> None:
     asyncio.run(scenario())
 
 
-def test_journal_is_compacted_and_replays_the_same_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    from cod.skb.journal import Journal
+def test_journal_is_compacted_and_replays_the_same_state() -> None:
+    from cod.skb import EngineConfig
 
-    monkeypatch.setattr(Journal, "COMPACT_AT_LEAST", 20)
-    with SKB() as engine:
+    with SKB(config=EngineConfig(journal_compact_at=20)) as engine:
         engine.load_machine(machines.load("shanghai"))
         engine.add_procedure("db", "half(X, Y) :- Y is X / 2.")
         for i in range(60):  # churn: a task comes and goes, a fact is updated

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,62 @@ def test_compaction_keeps_loads_and_grants_and_indexes_them() -> None:
     assert texts[1].startswith("restore_system(") and len(texts) == 3
     journal.record(codec.revoke(TOKEN_A))  # found through the rebuilt index
     assert not any(t.startswith("grant(") for t in _texts(journal.ops()))
+
+
+# ---- replies in any order (issue 47, item 1) ------------------------------------------------------
+def _facts(app: str, *texts: str) -> Op:
+    return codec.add_facts(app, codec.PERSISTENT, list(texts))
+
+
+SNAPSHOT = {"system": [], "apps": {"a": {"facts": [["f(1)", ["persistent"]]], "procedures": []}}}
+ORDER_CASES = [
+    # (what, [(request id, op) recorded in this order, or ("compact", snapshot's request id)],
+    #  the texts replayed, in order)
+    ("replay follows the requests, not the replies",
+     [(2, codec.remove_facts("a", ["f(_)"])), (1, _facts("a", "f(1)"))],
+     [_facts("a", "f(1)").text, codec.remove_facts("a", ["f(_)"]).text]),
+    ("a write of a later request, recorded before the snapshot came, stays after it",
+     [(1, _facts("a", "f(1)")), (3, _facts("b", "g(1)")), ("compact", 2)],
+     ["restore_system([])", codec.restore_app("a", SNAPSHOT["apps"]["a"]).text, _facts("b", "g(1)").text]),
+    ("the late reply of a write the snapshot holds is not kept again",
+     [("compact", 2), (1, _facts("a", "f(1)"))],
+     ["restore_system([])", codec.restore_app("a", SNAPSHOT["apps"]["a"]).text]),
+    ("an application dropped after the snapshot was asked for is not restored by it",
+     [(1, _facts("a", "f(1)")), (3, codec.drop_app("a")), ("compact", 2)],
+     ["restore_system([])"]),
+    ("a drop makes obsolete only earlier requests' entries",
+     [(3, _facts("a", "f(2)")), (2, codec.drop_app("a")), (1, _facts("a", "f(1)"))],
+     [_facts("a", "f(1)").text, _facts("a", "f(2)").text]),
+    ("a replacement makes obsolete only earlier requests' entries",
+     [(2, codec.load_system("b.")), (1, codec.load_system("a."))],
+     [codec.load_system("a.").text, codec.load_system("b.").text]),
+    ("a capability granted before the snapshot, replied to after it, is kept",
+     [("compact", 2), (1, codec.grant(TOKEN_A, "a"))],
+     ["restore_system([])", codec.restore_app("a", SNAPSHOT["apps"]["a"]).text, codec.grant(TOKEN_A, "a").text]),
+]
+
+
+@pytest.mark.parametrize("what,recorded,replayed", ORDER_CASES, ids=[c[0] for c in ORDER_CASES])
+def test_replies_in_any_order(what: str, recorded: list[tuple[Any, Any]], replayed: list[str]) -> None:
+    journal = Journal()
+    for rid, op in recorded:  # the snapshot was asked for before any of these replies came
+        if rid == "compact":
+            journal.snapshot_requested(op)
+    for rid, op in recorded:
+        if rid == "compact":
+            journal.compact(SNAPSHOT, op)
+        else:
+            journal.record(op, rid)
+    assert _texts(journal.ops()) == replayed
+
+
+def test_one_snapshot_at_a_time() -> None:
+    journal = Journal(compact_at_least=2)
+    journal.record(_facts("a", "f(1)"), 1)
+    journal.record(_facts("a", "f(2)"), 2)
+    assert journal.needs_compaction()
+    journal.snapshot_requested(3)
+    journal.record(_facts("a", "f(3)"), 4)
+    assert not journal.needs_compaction(), "a second snapshot while the first is on its way"
+    journal.snapshot_lost()  # its engine was restarted
+    assert journal.needs_compaction()

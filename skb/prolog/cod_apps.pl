@@ -1030,11 +1030,16 @@ evaluate_one(M, Time, Inf, query(Text, Var), Result) :-
 
 %!  app_snapshot(-App, -State) is nondet.
 %
-%   State of every application that holds anything, as text that
-%   restore_app/2 reads back: state(Facts, Procedures), Facts a list of
-%   Text-Owners, Procedures a list of Text-Persistent (one per predicate).
-app_snapshot(App, state(Facts, Procs)) :-
+%   State of every application that holds anything, one solution each, as
+%   text that restore_app/2 reads back: state(Facts, Procedures), Facts a
+%   list of Text-Owners, Procedures a list of Text-Persistent (one per
+%   predicate).
+app_snapshot(App, State) :-
     app(App, M),
+    app_state(M, State).
+
+%   app_state(+Module, -State) is semidet: fails when Module holds nothing.
+app_state(M, state(Facts, Procs)) :-
     findall(Text-Owners,
             ( fact_ref(M, Ref),
               clause(M:H, true, Ref),
@@ -1047,8 +1052,10 @@ app_snapshot(App, state(Facts, Procs)) :-
               procedure_text(M, Name/Arity, Text)
             ),
             Procs),
-    ( Facts \== [] ; Procs \== [] ),
-    !.
+    (   Facts \== []
+    ->  true
+    ;   Procs \== []
+    ).
 
 procedure_text(M, Name/Arity, Text) :-
     functor(H, Name, Arity),
