@@ -147,7 +147,8 @@ def restore_app(app: str, state: Mapping[str, Any]) -> Op:
     facts = ",".join(
         f"{string(text)}-[{','.join(owner_term(o) for o in owners)}]" for text, owners in state.get("facts", []))
     procs = ",".join(f"{string(text)}-{'true' if p else 'false'}" for text, p in state.get("procedures", []))
-    return Op(f"restore_app({app_atom(app)},state([{facts}],[{procs}]))", True, app=app)
+    declared = ",".join(f"{atom(name)}/{int(arity)}" for name, arity in state.get("declared", []))
+    return Op(f"restore_app({app_atom(app)},state([{facts}],[{procs}],[{declared}]))", True, app=app)
 
 
 def load_library(path: str) -> Op:

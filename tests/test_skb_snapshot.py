@@ -22,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cod.skb import AsyncSKB, EngineConfig
+from cod.skb import AsyncSKB, EngineConfig, SKBError
 from cod.skb.codec import PERSISTENT, Owner
 
 # Facts as sent, and as the engine writes them back (write_canonical).
@@ -38,6 +38,8 @@ PATTERNS = {"p(_)": ("p", None), "p(1)": ("p", "1"), "q(_)": ("q", None), "r(_,_
             "t(_)": ("t", None), "h(_)": ("h", None)}
 # Procedures: one predicate each, on names no fact uses.
 PROCEDURES = {"k/1": "k(X) :- p(X).", "m/1": "m(1). m(2).", "n/0": 'n :- s("x y").', "o/2": "o(X, Y) :- r(X, Y)."}
+# The fact predicates a procedure calls: declared (dynamic, no facts) when it is added, if new.
+CALLS = {"k/1": "p", "n/0": "s", "o/2": "r"}
 APPS = ("alpha", "beta", "gamma", "Zürich db")
 OWNERS: tuple[Owner, ...] = (PERSISTENT, 1, 2, 3)
 
@@ -48,11 +50,15 @@ class Model:
 
     facts: dict[str, dict[str, set[Owner]]] = field(default_factory=dict)
     procs: dict[str, dict[str, bool]] = field(default_factory=dict)
+    # Fact predicates an application has had since its namespace was made: a query of one that holds
+    # no fact now fails, of any other raises an existence error.
+    declared: dict[str, set[str]] = field(default_factory=dict)
 
     def add(self, app: str, owner: Owner, facts: list[str]) -> None:
         held = self.facts.setdefault(app, {})
         for f in facts:
             held.setdefault(FACTS[f], set()).add(owner)
+            self.declared.setdefault(app, set()).add(f.split("(")[0])
 
     def remove(self, app: str, pattern: str) -> None:
         name, first = PATTERNS[pattern]
@@ -62,6 +68,8 @@ class Model:
 
     def procedure(self, app: str, pi: str, persistent: bool) -> None:
         self.procs.setdefault(app, {})[pi] = persistent
+        if pi in CALLS:
+            self.declared.setdefault(app, set()).add(CALLS[pi])
 
     def drop_owner(self, app: str, owner: Owner) -> None:
         held = self.facts.get(app, {})
@@ -77,10 +85,17 @@ class Model:
         procs = self.procs.get(app, {})
         for pi in [pi for pi, p in procs.items() if not p]:
             del procs[pi]
+        self._collect(app)
 
     def drop(self, app: str) -> None:
         self.facts.pop(app, None)
         self.procs.pop(app, None)
+        self._collect(app)
+
+    def _collect(self, app: str) -> None:
+        """After a release or a drop, the engine frees the namespace of an application that holds nothing."""
+        if not self.facts.get(app) and not self.procs.get(app):
+            self.declared.pop(app, None)
 
 
 async def observed(engine: AsyncSKB, app: str) -> tuple[list[str], dict[str, bool]]:
@@ -90,11 +105,30 @@ async def observed(engine: AsyncSKB, app: str) -> tuple[list[str], dict[str, boo
     return facts, procs
 
 
-async def check(engine: AsyncSKB, model: Model, when: str) -> None:
+# The facts' predicates (name, arity): r/2, and the others of arity 1.
+FACT_PREDICATES = sorted({(f.split("(")[0], 2 if f.startswith("r(") else 1) for f in FACTS})
+
+
+async def declared(engine: AsyncSKB, app: str) -> set[str]:
+    """The fact predicates a query of app finds (with or without facts), not unknown ones."""
+    found = set()
+    for name, arity in FACT_PREDICATES:
+        goal = f"{name}({', '.join('_' * arity)})"
+        try:
+            await engine.execute_query(app, goal)
+            found.add(name)
+        except SKBError as err:
+            assert "unknown procedure" in err.message, err
+    return found
+
+
+async def check(engine: AsyncSKB, model: Model, when: str, *, predicates: bool = True) -> None:
     for app in APPS:
         facts, procs = await observed(engine, app)
         assert facts == sorted(model.facts.get(app, {})), f"{app}'s facts {when}"
         assert procs == model.procs.get(app, {}), f"{app}'s procedures {when}"
+        if predicates:
+            assert await declared(engine, app) == model.declared.get(app, set()), f"{app}'s fact predicates {when}"
 
 
 async def kill_and_wait(engine: AsyncSKB) -> None:
@@ -206,7 +240,7 @@ async def play(engine: AsyncSKB, model: Model, plan: list[list[tuple[Any, ...]]]
             sent.append(asyncio.ensure_future(write(engine, model, s)))
             await asyncio.sleep(0.001)
         await asyncio.gather(*sent)
-        await check(engine, model, f"after {writes}")
+        await check(engine, model, f"after {writes}", predicates=False)
         if len(writes) < len(round_):
             await kill_and_wait(engine)
             await check(engine, model, f"after a restart following {writes}")

@@ -1031,15 +1031,17 @@ evaluate_one(M, Time, Inf, query(Text, Var), Result) :-
 %!  app_snapshot(-App, -State) is nondet.
 %
 %   State of every application that holds anything, one solution each, as
-%   text that restore_app/2 reads back: state(Facts, Procedures), Facts a
-%   list of Text-Owners, Procedures a list of Text-Persistent (one per
-%   predicate).
+%   text that restore_app/2 reads back: state(Facts, Procedures, Declared),
+%   Facts a list of Text-Owners, Procedures a list of Text-Persistent (one
+%   per predicate), Declared the Name/Arity of each fact predicate that
+%   holds no fact now (a query of it fails, where an unknown one raises an
+%   existence error: a restarted engine must answer the same).
 app_snapshot(App, State) :-
     app(App, M),
     app_state(M, State).
 
 %   app_state(+Module, -State) is semidet: fails when Module holds nothing.
-app_state(M, state(Facts, Procs)) :-
+app_state(M, state(Facts, Procs, Declared)) :-
     findall(Text-Owners,
             ( fact_ref(M, Ref),
               clause(M:H, true, Ref),
@@ -1052,10 +1054,18 @@ app_state(M, state(Facts, Procs)) :-
               procedure_text(M, Name/Arity, Text)
             ),
             Procs),
-    (   Facts \== []
-    ->  true
-    ;   Procs \== []
-    ).
+    findall(Name/Arity, empty_fact_predicate(M, Name, Arity), Declared),
+    \+ ( Facts == [], Procs == [], Declared == [] ).
+
+%   empty_fact_predicate(+M, -Name, -Arity): a predicate of M's own facts
+%   (dynamic, defined in M, not a procedure) that holds no clause.
+empty_fact_predicate(M, Name, Arity) :-
+    current_predicate(M:Name/Arity),
+    functor(H, Name, Arity),
+    \+ predicate_property(M:H, imported_from(_)),
+    predicate_property(M:H, dynamic),
+    \+ procedure(M, Name/Arity, _, _),
+    \+ clause(M:H, _).
 
 procedure_text(M, Name/Arity, Text) :-
     functor(H, Name, Arity),
@@ -1082,11 +1092,29 @@ clause_term(H, B, (H:-B)).
 %
 %   Load a state written by app_snapshot/2 into an application that holds
 %   nothing yet.
-restore_app(App, state(Facts, Procs)) :-
+%   @error permission_error(modify, static_procedure, PI) if a declared
+%          predicate is not one an application may hold facts of.
+restore_app(App, state(Facts, Procs, Declared)) :-
+    must_be(list, Declared),
     forall(member(Text-P, Procs),
            add_procedure(App, Text, P, none, _)),
     forall(member(Text-Owners, Facts),
-           forall(member(O, Owners), add_facts(App, O, [Text], none, _))).
+           forall(member(O, Owners), add_facts(App, O, [Text], none, _))),
+    app_module(App, M),
+    forall(member(PI, Declared), declare_fact_predicate(M, PI)).
+
+declare_fact_predicate(M, PI) :-
+    must_be(ground, PI),
+    (   PI = Name/Arity, atom(Name), integer(Arity), Arity >= 0
+    ->  true
+    ;   type_error(predicate_indicator, PI)
+    ),
+    functor(H, Name, Arity),
+    check_head(M, H),
+    (   predicate_property(M:H, defined)
+    ->  true
+    ;   declare_pending(M, PI)
+    ).
 
 %!  describe_app(+App, -Procedures, -FactCounts) is det.
 %

@@ -89,4 +89,34 @@ test(a_new_application_inherits_from_the_libraries_module_first) :-
     last(Supers, system),
     \+ memberchk(user, Supers).
 
+test(a_snapshot_holds_every_application_that_holds_anything) :-
+    % Issue 47: a cut kept app_snapshot/2 to the first application that held anything.
+    add_facts(plunit_snap_a, persistent, ["s(1)"], none, _),
+    add_facts(plunit_snap_b, conn(7), ["s(2)"], none, _),
+    add_procedure(plunit_snap_c, "sp(1).", true, none, _),
+    add_facts(plunit_snap_d, persistent, ["gone(1)"], none, _),
+    remove_facts(plunit_snap_d, ["gone(_)"], 1),
+    findall(App-State, ( app_snapshot(App, State), sub_atom(App, 0, _, _, plunit_snap_) ), Pairs),
+    msort(Pairs, Sorted),
+    Sorted == [ plunit_snap_a-state(["s(1)"-[persistent]], [], []),
+                plunit_snap_b-state(["s(2)"-[conn(7)]], [], []),
+                plunit_snap_c-state([], ["sp(1).\n"-true], []),
+                plunit_snap_d-state([], [], [gone/1]) ].
+
+test(a_restored_application_is_the_one_snapshotted) :-
+    add_facts(plunit_snap_e, conn(3), ["r(1)"], none, _),
+    add_facts(plunit_snap_e, persistent, ["r(1)", "r(2)"], none, _),
+    add_facts(plunit_snap_e, persistent, ["empty(1)"], none, _),
+    remove_facts(plunit_snap_e, ["empty(_)"], 1),
+    add_procedure(plunit_snap_e, "twice(Y) :- r(X), Y is 2*X.", false, none, _),
+    app_snapshot(plunit_snap_e, State),
+    drop_app(plunit_snap_e),
+    restore_app(plunit_snap_e, State),
+    app_snapshot(plunit_snap_e, Again),
+    Again == State.
+
+test(a_restored_declaration_may_not_name_a_library_predicate,
+     [error(permission_error(modify, static_procedure, _), _)]) :-
+    restore_app(plunit_snap_f, state([], [], [append/3])).
+
 :- end_tests(cod_apps).

@@ -504,7 +504,7 @@ staged_change(facts(Owner0, Texts, Limits), facts(Owner, Texts, Limits)) :- !,
     owner(Owner0, Owner).
 staged_change(C, C).
 
-restore_state(state(Facts0, Procs), state(Facts, Procs)) :-
+restore_state(state(Facts0, Procs, Declared), state(Facts, Procs, Declared)) :-
     maplist(restore_fact_owners, Facts0, Facts).
 
 restore_fact_owners(Text-Owners0, Text-Owners) :-
@@ -752,12 +752,14 @@ write_one_result(Out, error(E)) :-
     write(Out, '{"error":'), write_error_object(Out, E), put_char(Out, '}').
 
 write_app_states([], _).
-write_app_states([App-state(Facts, Procs)|T], Out) :-
+write_app_states([App-state(Facts, Procs, Declared)|T], Out) :-
     json_write_text(Out, App),
     write(Out, ':{"facts":['),
     write_fact_states(Facts, Out),
     write(Out, '],"procedures":['),
     write_proc_states(Procs, Out),
+    write(Out, '],"declared":['),
+    write_declared(Declared, Out),
     write(Out, ']}'),
     (   T == [] -> true ; put_char(Out, ','), write_app_states(T, Out) ).
 
@@ -781,6 +783,13 @@ write_proc_states([Text-P|T], Out) :-
     json_write_text(Out, Text),
     format(Out, ',~w]', [P]),
     (   T == [] -> true ; put_char(Out, ','), write_proc_states(T, Out) ).
+
+write_declared([], _).
+write_declared([Name/Arity|T], Out) :-
+    put_char(Out, '['),
+    json_write_text(Out, Name),
+    format(Out, ',~w]', [Arity]),
+    (   T == [] -> true ; put_char(Out, ','), write_declared(T, Out) ).
 
 reply_error(Id, E) :-
     error_line(Id, E, Line),
