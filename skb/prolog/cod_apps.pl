@@ -726,7 +726,12 @@ control_construct(?-, 1).
 %   predicates it calls.  `:` in data (meeting(time(12:30))) is data.
 %   Qualification built at run time cannot be called: the sandbox refuses
 %   calls it cannot resolve, and the reflective predicates that take a
-%   head as data are denied (cod_guard.pl).
+%   head as data are denied (cod_guard.pl).  A goal named with a `$` is
+%   refused too: those are the engine's internals ('$search_path_file_cache'/3
+%   reads the engine's file paths, '$loading'/1 its state).  They stay
+%   callable by the library code that uses them, which sandbox checks
+%   through the same layer, so they are refused here, where the
+%   application's own goals are, and not in cod_guard.pl.
 check_goal_qualification(M, Goal) :-
     goal_position(M, Goal, 0).
 
@@ -738,6 +743,12 @@ goal_position(_, G, _) :-
 goal_position(_, G, _) :-
     G = @(_, Q), !,
     permission_error(call, module_qualified, Q:(@)/2).
+goal_position(_, G, Extra) :-
+    callable(G),
+    functor(G, Name, Arity0),
+    sub_atom(Name, 0, _, _, $), !,
+    Arity is Arity0 + Extra,
+    throw(error(permission_error(call, sandboxed, Name/Arity), cod_guard(Name/Arity, internal))).
 goal_position(M, G, Extra) :-
     callable(G),
     (   Extra > 0

@@ -119,4 +119,10 @@ test(a_restored_declaration_may_not_name_a_library_predicate,
      [error(permission_error(modify, static_procedure, _), _)]) :-
     restore_app(plunit_snap_f, state([], [], [append/3])).
 
+test(internals_are_refused_by_name, [error(permission_error(call, sandboxed, '$search_path_file_cache'/3), _)]) :-
+    run_query(plunit_internal, "'$search_path_file_cache'(A, B, C)", [], _).
+
+test(internals_as_closures_are_refused_by_name, [error(permission_error(call, sandboxed, '$member'/2), _)]) :-
+    run_query(plunit_internal, "maplist('$member'(X), [[1]])", [], _).
+
 :- end_tests(cod_apps).

@@ -348,6 +348,7 @@ guard_reason(Why, T) :-
     ;   q(Why, T)
     ).
 
+guard_text(internal, "predicates whose names start with $ are the engine's own internals (what they read or do is the engine's, not the application's)").
 guard_text(format_directive(D), T) :-
     bounded_plain(D, DS),
     format(string(T), 'the format directive ~~~s is not allowed (~~@ runs a goal, ~~p calls print hooks, ~~W takes write options that can call a goal)', [DS]).

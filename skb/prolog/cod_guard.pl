@@ -32,7 +32,14 @@ are therefore unsafe here, and this module takes them back:
     limit has fired and cannot be interrupted), attributes (they name the
     module whose hooks run: another application's code on our data);
   - message translation (message_to_string/2 runs format/3 on the
-    message's arguments, outside the checks below), statistics/0,1.
+    message's arguments, outside the checks below), statistics/0,1;
+  - tabling, all of it (tabling_goal/1): a tabled goal keeps its tables
+    after the query, in memory no limit of the query bounds (~44 MB a
+    query), and a limit that stops a tabled goal mid-completion crashed the
+    engine with SIGSEGV (issue 47: `tabled_call(length(L, N))`).  Refused
+    are calls of a tabled predicate (tabled_call/1, undefined/0, ...), of
+    every predicate of the '$tabling' and wfs modules (table/1, abolish_*,
+    start_tabling ...), and of tries (trie_*) and the '$tbl_' primitives.
 
 Some goals are allowed only with arguments the check can see when the goal
 is checked, before it runs (argument_refusal/2):
@@ -90,10 +97,13 @@ guard_installed :-
 refuse(Goal) :-
     var(Goal), !, fail.
 refuse(Goal) :-
-    strip_module(Goal, _, Plain),
+    strip_module(Goal, M, Plain),
     callable(Plain),
     functor(Plain, Name, Arity),
-    (   denied_reason(Name, Arity, _)
+    (   (   denied_reason(Name, Arity, _)
+        ->  true
+        ;   tabling_goal(M:Plain)
+        )
     ->  throw(error(permission_error(call, sandboxed, Name/Arity),
                     cod_guard(Name/Arity)))
     ;   catch_goal(Name, Arity)
@@ -196,12 +206,53 @@ reserved_exception('$aborted').
 reserved_exception(unwind(_)).
 reserved_exception(cod_revoked).    % the capability ended (cod_direct.pl)
 
+%!  tabling_goal(+QualifiedGoal) is semidet.
+%
+%   The goal is tabling: a tabled predicate, a predicate of the tabling
+%   modules, or a trie primitive (see the module comment).  Looked up
+%   without autoloading (the server has turned it off).
+tabling_goal(M:Goal) :-
+    functor(Goal, Name, Arity),
+    (   tabling_name(Name)
+    ->  true
+    ;   atom(M),
+        catch(tabling_property(M:Goal), _, fail)
+    ->  true
+    ;   catch(tabling_property(system:Goal), _, fail)
+    ),
+    Arity >= 0.
+
+tabling_name(Name) :- sub_atom(Name, 0, _, _, trie_).
+tabling_name(Name) :- sub_atom(Name, 0, _, _, '$tbl_').
+tabling_name(Name) :- sub_atom(Name, 0, _, _, '$wfs_').
+tabling_name('$tabled').
+tabling_name('$table_mode').
+tabling_name('$table_option').
+tabling_name('$wrap$tabled_call').
+
+tabling_property(Head) :-
+    predicate_property(Head, tabled), !.
+tabling_property(Head) :-
+    predicate_property(Head, implementation_module(IM)),
+    tabling_module(IM).
+
+tabling_module('$tabling').
+tabling_module(wfs).
+tabling_module('$wfs').
+tabling_module(tables).
+
 %!  denied_reason(?Name, ?Arity, ?Reason) is nondet.
 %
 %   Name/Arity may not be called by application code, because Reason.
 denied_reason(Name, Arity, Reason) :-
     denied(Name, Arity, Kind),
     kind_reason(Kind, Reason).
+denied_reason(Name, Arity, Reason) :-
+    atom(Name), integer(Arity), Arity >= 0,
+    \+ denied(Name, Arity, _),
+    functor(Head, Name, Arity),
+    tabling_goal(system:Head),
+    kind_reason(tabling, Reason).
 
 kind_reason(reflection,
             "it reads predicates and modules, which can reach another application's namespace").
@@ -223,6 +274,8 @@ kind_reason(messages,
             "message translation runs format/3 on its arguments, outside the sandbox's checks").
 kind_reason(engine,
             "it reports on the whole engine (memory, threads, other applications' work)").
+kind_reason(tabling,
+            "tabling keeps tables in the engine after the query, beyond every limit of the query").
 
 % reflection
 denied(clause, 2, reflection).
@@ -259,15 +312,15 @@ denied(nb_setval, 2, global).
 denied(nb_linkval, 2, global).
 denied(nb_current, 2, global).
 denied(nb_delete, 1, global).
-denied(abolish_all_tables, 0, global).
-denied(abolish_table_subgoals, 1, global).
-denied(current_table, 2, global).
-denied('$wrap_tabled', 2, global).
-denied('$moded_wrap_tabled', 5, global).
-denied(start_tabling, 2, global).
-denied(start_tabling, 4, global).
-denied(tnot, 1, global).
-denied(not_exists, 1, global).
+denied(abolish_all_tables, 0, tabling).
+denied(abolish_table_subgoals, 1, tabling).
+denied(current_table, 2, tabling).
+denied('$wrap_tabled', 2, tabling).
+denied('$moded_wrap_tabled', 5, tabling).
+denied(start_tabling, 2, tabling).
+denied(start_tabling, 4, tabling).
+denied(tnot, 1, tabling).
+denied(not_exists, 1, tabling).
 denied(undo, 1, global).
 % database changes
 denied(assert, 1, database).
@@ -292,6 +345,7 @@ denied(flag, 3, database).
 denied(abort, 0, control).
 denied(halt, 0, control).
 denied(halt, 1, control).
+denied(cancel_halt, 1, control).
 % output
 denied(print_message, 2, output).
 denied(print_message_lines, 3, output).

@@ -94,4 +94,26 @@ test(ordinary_format_statistics_and_throws_are_allowed,
                          catch(atom_length(_, _), error(E, C), throw(error(E, C))) ]))]) :-
     app(M), safe_goal(M:G).
 
+test(denied_tabling, [forall(member(G, [tabled_call(true), tabled_call(length(_, _)), undefined,
+                                        answer_count_restraint, radial_restraint, table(p/1), untable(p/1),
+                                        abolish_private_tables, abolish_module_tables(m), tnot(true),
+                                        trie_new(_), trie_gen_compiled(_, _), '$tabled'(_, _),
+                                        '$table_mode'(_, _, _), current_table(_, _)]))]) :-
+    % Issue 47: tabled_call(length(L, N)) crashed the engine; tables outlive queries.
+    refused(G).
+
+test(tabling_is_told_why) :-
+    app(M),
+    catch(safe_goal(M:tabled_call(true)), error(E, C), true),
+    E == permission_error(call, sandboxed, tabled_call/1),
+    C = cod_guard(tabled_call/1),
+    once(denied_reason(tabled_call, 1, Why)),
+    sub_string(Why, _, _, _, "tables"), !.
+
+test(library_code_reaching_internals_is_still_checked_as_before) :-
+    app(M),
+    safe_goal(M:msort([b, a], _)),
+    safe_goal(M:length(_, 2)),
+    safe_goal(M:format(atom(_), "~w", [x])).
+
 :- end_tests(cod_guard).

@@ -72,6 +72,7 @@ run_limited(Goal, Seconds, Inferences) :-
     ->  get_time(Now),
         thread_keys(DeadlineKey, TagKey),
         get_flag(DeadlineKey, Outer),
+        (   Outer > 0 -> true ; nb_setval(cod_limit_seconds, Seconds) ),  % read by cod_grants.pl
         (   Outer > 0
         ->  Deadline is Now + Seconds
         ;   time_left(Seconds, Left),
@@ -90,7 +91,7 @@ run_limited(Goal, Seconds, Inferences) :-
         setup_call_cleanup(
             ( SetTag, set_flag(DeadlineKey, Effective) ),
             call_with_inference_limit(Goal, Inferences, Result),
-            ( set_flag(DeadlineKey, Outer), ResetTag ))
+            ( set_flag(DeadlineKey, Outer), ResetTag, released(Outer) ))
     ;   time_left(Seconds, Left),
         setup_call_cleanup(
             alarm(Left, cod_limits:expired_alarm, Alarm, [remove(false)]),
@@ -100,6 +101,16 @@ run_limited(Goal, Seconds, Inferences) :-
     (   Result == inference_limit_exceeded
     ->  throw(error(resource_error(inferences), inference_limit(Inferences)))
     ;   true
+    ).
+
+%   released(+Outer): at the end of the outermost limited call, free what
+%   the query left in its thread beyond its stacks: tables (0.1 us when
+%   there are none).  cod_guard.pl refuses tabling to application code;
+%   this is the layer below, should a tabled goal ever pass the check.
+released(Outer) :-
+    (   Outer > 0
+    ->  true
+    ;   catch(abolish_private_tables, _, true)
     ).
 
 %!  with_time_spent(+Spent, :Goal) is semidet.
