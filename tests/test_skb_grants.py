@@ -159,3 +159,28 @@ def test_a_thread_for_clients_costs_little_address_space():
     assert grown >= 48, grown
     per_thread_mb = (after - before) / grown / 1024
     assert per_thread_mb < 3.0, f"{per_thread_mb:.1f} MB of address space per worker"
+
+
+def test_a_query_waits_for_a_grant_no_longer_than_its_time_limit():
+    """Issue 47 (found by the sandbox walk): a query with a 0.3 s limit that outgrew its small stacks
+    while the grants were held waited the whole large_stack_wait_s (5 s) for one, long after its
+    caller had given up on the engine (the limit and 2 s); now it is answered at its limit."""
+    async def scenario() -> tuple[SKBError, float]:
+        engine = await AsyncSKB.start(load_library=False, large_stacks=2)
+        try:
+            await engine.add_system_facts([HOLD])
+            holder = asyncio.ensure_future(engine.query("h", HOLDER, client=(1000, False), timeout_s=60))
+            assert await _held_within(engine, 10.0) == 1
+            t0 = time.monotonic()
+            with pytest.raises(SKBError) as err:
+                await engine.query("o", NEEDS_LARGE, client=(1001, False), timeout_s=0.3)
+            took = time.monotonic() - t0
+            await engine.remove_system_facts(HOLD)
+            await holder
+            return err.value, took
+        finally:
+            await engine.close()
+
+    err, took = asyncio.run(scenario())
+    assert "time limit" in str(err), err
+    assert took < 2.0, f"answered after {took:.1f} s"

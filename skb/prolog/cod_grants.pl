@@ -39,7 +39,10 @@ large grant while they run again:
     and unprivileged uids together leave reserved_privileged_stacks to
     root and the daemon; a thread that may not take one waits in one FIFO
     for at most large_stack_wait_s seconds, and then call(Refused, Error)
-    answers its client instead (error(resource_error(cod_stack_grant(..)), _)).
+    answers its client instead (error(resource_error(cod_stack_grant(..)), _));
+    work under a time limit waits no longer than its limit leaves, and then
+    gets cod_limit(time) (a 0.25 s query waited 5 s, and its caller had
+    given up on the engine after 2.25 s: issue 47's sandbox walk).
 
 Make must be re-runnable (a read, or a query in snapshot/1: what it
 changed is dropped) and must not fail.  The bound this gives (with the
@@ -97,13 +100,17 @@ grant_value(Name, Value) :-
 %   grant goes back): Use must do all that is to be done with the result.
 with_stack_grant(Make, Use, Refused) :-
     get_time(Start),
+    nb_setval(cod_limit_seconds, 0),
     (   once(call(Make, Outgrew)),
         Outgrew == false
     ->  call(Use),
         trim_thread_stacks
     ;   trim_thread_stacks,
         client(Client),
-        (   take_grant(Client)
+        grant_wait(Start, Wait, Why),
+        (   Wait =< 0
+        ->  call(Refused, Why)
+        ;   take_grant(Client, Wait)
         ->  grant_value(large_stack, Large),
             set_prolog_flag(stack_limit, Large),
             get_time(Now),
@@ -112,10 +119,26 @@ with_stack_grant(Make, Use, Refused) :-
             give_grant(Client),
             (   var(E) -> true ; throw(E) )
         ;   flag(cod_grants_refused, R, R+1),
-            grant_value(query_stack, Small),
-            grant_value(large_stack_wait_s, Wait),
-            call(Refused, error(resource_error(cod_stack_grant(Small, Wait)), _))
+            call(Refused, Why)
         )
+    ).
+
+%   grant_wait(+Start, -Seconds, -Why): how long the calling thread may wait
+%   for a large grant, and the error it gets if none comes: at most
+%   large_stack_wait_s, and never past the time limit of the work (the
+%   outermost limited call of its first run, cod_limits.pl), whose caller
+%   stops waiting for it soon after.
+grant_wait(Start, Seconds, Why) :-
+    grant_value(large_stack_wait_s, Max),
+    (   nb_current(cod_limit_seconds, Limit), number(Limit), Limit > 0,
+        get_time(Now),
+        Left is Limit - (Now - Start),
+        Left < Max
+    ->  Seconds = Left,
+        Why = cod_limit(time)
+    ;   Seconds = Max,
+        grant_value(query_stack, Small),
+        Why = error(resource_error(cod_stack_grant(Small, Max)), _)
     ).
 
 %!  client_thread_options(-Options) is det.
@@ -178,9 +201,9 @@ trim_thread_stacks :-
 		 *        TAKING, GIVING        *
 		 *******************************/
 
-%   take_grant(+Client) is semidet: the calling thread holds a large grant,
-%   now or after waiting in the FIFO; fails after large_stack_wait_s seconds.
-take_grant(Client) :-
+%   take_grant(+Client, +Seconds) is semidet: the calling thread holds a
+%   large grant, now or after waiting in the FIFO; fails after Seconds.
+take_grant(Client, Seconds) :-
     thread_self(Me),
     exit_hook,
     with_mutex(cod_grants,
@@ -194,8 +217,7 @@ take_grant(Client) :-
                )),
     (   Wait == false
     ->  true
-    ;   grant_value(large_stack_wait_s, Seconds),
-        catch(thread_get_message(Me, cod_grant, [timeout(Seconds)]), E,
+    ;   catch(thread_get_message(Me, cod_grant, [timeout(Seconds)]), E,
               ( stop_waiting(Client, Me, Granted),
                 ( Granted == true -> give_grant(Client) ; true ),
                 throw(E) ))
