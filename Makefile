@@ -18,6 +18,8 @@ APT_PACKAGES += libjansson-dev pkg-config valgrind clang libclang-rt-dev
 APT_PACKAGES += libnuma-dev
 # BPF process events (rm/enforce/bpf, issue 27): libbpf for their loader (the BPF side is built with clang).
 APT_PACKAGES += libbpf-dev
+# Names that look alike (rm/confusables.py): PyICU builds against ICU's headers with a C++ compiler.
+APT_PACKAGES += libicu-dev g++
 PYTEST_ARGS ?=
 # setuptools says at every editable install that a folder named like a package may shadow it
 # (a BuildBackendWarning of ten lines): true of any editable install, and nothing to act on here.

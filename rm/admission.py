@@ -25,6 +25,7 @@ from cod.skb import PERSISTENT, Staged
 from cod.skb import codec
 
 from . import quotas, shown
+from .confusables import LOOK_ALIKE_RULE, look_alike
 from .system_facts import ANY, allocated_fact, task_fact, task_facts as spec_facts, task_property_fact
 from .allocator.model import TaskSpec
 from .config import RMConfig
@@ -91,9 +92,16 @@ class Admission:
             {"requested": shown.datum(spec.min_cores), "free": free, "available": self.n_cpus, "reason": reason},
         )
 
-    def _taken(self, name: str) -> None:
+    def refuse_taken(self, name: str) -> None:
+        """-32021 when a task or elastic group has ``name``, or a name that ``name`` looks like
+        (cod.rm.confusables): names are unique on the daemon, and tell apart at a glance."""
         if name in self.registry.tasks or self.demands.is_group(name):
             raise RpcError(rpc.ALREADY_EXISTS, f"a task or elastic group named {name!r} is already registered")
+        alike = look_alike(name, [*self.registry.tasks, *self.demands.groups])
+        if alike is not None:
+            raise RpcError(rpc.ALREADY_EXISTS, f"the name {name!r} looks like {alike!r}, a task or elastic group "
+                                               f"already registered ({LOOK_ALIKE_RULE}); choose one that does not",
+                           {"looks_like": alike})
 
     async def _plan(self, specs: list[TaskSpec], prefer: dict[str, tuple[int, ...]] | None = None) -> Plan:
         current = self.publisher.holdings()
@@ -155,7 +163,7 @@ class Admission:
 
     async def _admit(self, conn: Connection, task: Task, writes: list[Any]) -> None:
         """Steps 2 to 5 of a registration, under the allocation lock."""
-        self._taken(task.name)
+        self.refuse_taken(task.name)
         # 2. admission: the plan with the newcomer, not adopted yet
         plan = await self._plan([t.spec for t in self.registry.tasks.values()] + [task.spec])
         if plan.cores is None:
@@ -259,7 +267,7 @@ class Admission:
         commit and publish.  Returns its CPUs now (() while others give them back)."""
         name = demand.name
         async with self.lock:
-            self._taken(name)
+            self.refuse_taken(name)
             plan = await self._plan([t.spec for t in self.registry.tasks.values()] + [demand.spec],
                                     prefer={name: demand.preferred()})
             if plan.cores is None:

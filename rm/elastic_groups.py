@@ -229,8 +229,7 @@ class ElasticGroups:
         problem = name_problem(name)
         if problem is not None:
             raise RpcError(rpc.INVALID_PARAMS, f"register_unmanaged: group name {name!r} {problem}")
-        if name in self.groups or self.rm.find_task(name) is not None:
-            raise RpcError(rpc.ALREADY_EXISTS, f"a task or elastic group named {name!r} is already registered")
+        self.rm.admission.refuse_taken(name)  # again under the allocation lock, where it counts
         clash = self._clash(group)
         if clash is not None:
             raise RpcError(rpc.ALREADY_EXISTS, f"register_unmanaged: {clash}")

@@ -36,8 +36,7 @@ from cod.protocol.jsonrpc import (
 from cod.skb.codec import PREDICATE_KINDS
 
 from .registry import Connection, Task
-from .names import other_pid
-from .names import name_problem
+from .names import looks_like_other, name_problem
 from .elastic_groups import SETTING_KEYS
 from .service import ResourceManager
 from .taskprops import split_properties
@@ -219,11 +218,10 @@ async def register_task(rm: ResourceManager, conn: Connection, p: Params) -> Any
         given_pid if given_pid is not None else conn.peer.pid
     if enforced_by not in ("daemon", "client"):
         raise RpcError(INVALID_PARAMS, f"register_task: enforced_by must be 'daemon' or 'client', not {enforced_by!r}")
-    if rm.find_task(name) is not None:
-        raise RpcError(ALREADY_EXISTS, f"a task named {name!r} is already registered")
-    if other_pid(name) is not None:
-        raise RpcError(INVALID_PARAMS, f"register_task: task names other.PID are the daemon's names of unregistered "
-                                       f"busy processes; choose another than {name!r}")
+    rm.admission.refuse_taken(name)  # again under the allocation lock, where it counts
+    if looks_like_other(name):
+        raise RpcError(INVALID_PARAMS, f"register_task: task names other.PID (and names that look like them) are the "
+                                       f"daemon's names of unregistered busy processes; choose another than {name!r}")
     plain, derived = split_properties(props, "register_task")
     if enforced_by == "daemon":
         owner = _proc_owner(pid)

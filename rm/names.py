@@ -7,7 +7,11 @@ invisible character (zero-width spaces and joiners, format characters,
 fillers, variation selectors, spaces other than U+0020) and no bidirectional
 control (U+202A..U+202E, U+2066..U+2069, the marks U+200E, U+200F, U+061C),
 so ``vic\\u200btim`` and ``\\u202emitciv`` are refused rather than shown as
-"victim".  A refusal says which character, by code point and name.
+"victim".  Issue 47 adds: no space at either end (``db1 `` is refused, not stripped: the name a
+client sent is the name it later uses), one script per name, digits of one numbering system, no
+combining mark repeated (:func:`cod.rm.confusables.script_problem`).  A refusal says which
+character, by code point and name.  Whether a name looks like one already in use is decided
+where the names in use are known (the registry, admission), by :func:`cod.rm.confusables.look_alike`.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import unicodedata
 
 from cod.protocol.names import name_problem as wire_problem
+
+from .confusables import looks_numbered, script_problem
 
 # Invisible although not of a format category: fillers, the combining grapheme joiner,
 # Khmer inherent vowels, Mongolian free variation selectors, variation selectors, the braille blank.
@@ -38,7 +44,10 @@ def name_problem(name: object) -> str | None:
                     f"characters so that two names cannot look alike")
     if unicodedata.normalize("NFC", name) != name:
         return "is not in Unicode normal form NFC (send it composed: unicodedata.normalize('NFC', name))"
-    return None
+    if name[0] == " " or name[-1] == " ":
+        return (f"{'begins' if name[0] == ' ' else 'ends'} with a space, which cannot be seen; "
+                f"send the name without it")
+    return script_problem(name)
 
 
 
@@ -52,3 +61,8 @@ def other_pid(name: str) -> int | None:
     """The pid of an :func:`other_task_name`, None for a task's name."""
     prefix, _, pid = name.partition(".")
     return int(pid) if prefix == "other" and pid.isdigit() else None
+
+
+def looks_like_other(name: str) -> bool:
+    """``name`` is, or looks like, an :func:`other_task_name` (``other.123``, ``OTHER.l23``)."""
+    return other_pid(name) is not None or looks_numbered(name, "other.") is not None

@@ -14,9 +14,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .confusables import look_alike, looks_numbered
+
 # Names of the form uid<N>.* are reserved for uid N: the daemon gives a client
 # that names no application the name uid<UID>.pid<PID>, and nobody else may
-# take it first.
+# take it first, nor a name that looks like it (which would then keep uid N's own out).
 _RESERVED = re.compile(r"uid(\d+)\.")
 
 
@@ -25,9 +27,9 @@ def default_app_name(uid: int, pid: int) -> str:
 
 
 def reserved_for(name: str) -> int | None:
-    """The uid a name is reserved for (uid<N>.*), or None."""
+    """The uid a name is reserved for (uid<N>.*, or what looks like it: UID1000.*, uidl000.*), or None."""
     m = _RESERVED.match(name)
-    return int(m.group(1)) if m else None
+    return int(m.group(1)) if m else looks_numbered(name, "uid", ".")
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,10 @@ class Registry:
         if owner is not None and owner != uid:
             return f"application namespace {app!r} belongs to uid {owner}"
         return None
+
+    def app_look_alike(self, app: str) -> str | None:
+        """The application name in use that ``app``, a new name, looks like (cod.rm.confusables), or None."""
+        return None if app in self.app_owner else look_alike(app, self.app_owner)
 
     def claim_app(self, conn: Connection, app: str) -> None:
         self.app_owner.setdefault(app, conn.peer.uid)

@@ -18,6 +18,7 @@ from cod.protocol.jsonrpc import RpcError
 from cod.skb import SKBError
 
 from . import quotas
+from .confusables import LOOK_ALIKE_RULE
 from .config import RMConfig
 from .knowledge import Knowledge, query_tag, skb_quietly
 from .registry import Connection, Peer, Registry, Task, Usage, default_app_name
@@ -66,6 +67,11 @@ class Sessions:
             raise RpcError(rpc.PERMISSION_DENIED, refusal)
         if conn.app is not None and conn.app != app:
             raise RpcError(rpc.INVALID_PARAMS, f"hello: this connection already uses application {conn.app!r}")
+        alike = self.registry.app_look_alike(app)
+        if alike is not None:
+            raise RpcError(rpc.ALREADY_EXISTS, f"hello: application name {app!r} looks like {alike!r}, an application "
+                                               f"already in use ({LOOK_ALIKE_RULE}); choose one that does not",
+                           {"looks_like": alike})
         too_many = quotas.app_name_refusal(self.cfg, self.registry, conn.peer.uid, conn.privileged, app)
         if too_many is not None:
             raise RpcError(rpc.QUOTA_EXCEEDED, f"hello: {too_many}")

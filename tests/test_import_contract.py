@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PURE_POLICY = (
     "cod.rm.allocator", "cod.rm.epochs", "cod.rm.quotas", "cod.rm.conditions", "cod.rm.reasons",
-    "cod.rm.taskprops", "cod.rm.busy", "cod.rm.names", "cod.rm.shown", "cod.rm.system_facts",
+    "cod.rm.taskprops", "cod.rm.busy", "cod.rm.names", "cod.rm.confusables", "cod.rm.shown", "cod.rm.system_facts",
     # the deploy planner; its measurements (cod.rm.deploy.measure: perf, /proc, compilers) are mechanism
     "cod.rm.deploy.binpack", "cod.rm.deploy.collapse", "cod.rm.deploy.densest", "cod.rm.deploy.errors",
     "cod.rm.deploy.graph", "cod.rm.deploy.numa", "cod.rm.deploy.plan", "cod.rm.deploy.render",

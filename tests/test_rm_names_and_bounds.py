@@ -72,6 +72,88 @@ def test_visible_names_are_still_accepted(daemon, name):
         c.close()
 
 
+# ---- names that would pass for one in use (issue 47, item 8) ----------------------------------------
+# Beside "db1": (name, error code, what the message says).  Another case, another script's letters
+# or fullwidth ones look like db1 and are refused naming it; a space at an end, mixed scripts and
+# invisible characters are refused on their own.
+DB1_LOOK_ALIKES = [
+    ("DB1", rpc.ALREADY_EXISTS, "looks like 'db1'"),
+    ("Db1", rpc.ALREADY_EXISTS, "looks like 'db1'"),
+    ("dbl", rpc.ALREADY_EXISTS, "looks like 'db1'"),
+    ("\uff44\uff42\uff11", rpc.ALREADY_EXISTS, "looks like 'db1'"),  # fullwidth
+    ("\u0501\u042c1", rpc.ALREADY_EXISTS, "looks like 'db1'"),  # Cyrillic, all of it
+    ("db1 ", rpc.INVALID_PARAMS, "ends with a space"),
+    (" db1", rpc.INVALID_PARAMS, "begins with a space"),
+    ("d\u042c1", rpc.INVALID_PARAMS, "mixes scripts ('d' is Latin, 'Ь' (U+042C CYRILLIC CAPITAL LETTER SOFT SIGN)"),
+    ("db\u200d1", rpc.INVALID_PARAMS, "U+200D (ZERO WIDTH JOINER)"),
+]
+
+
+def assert_refused(reply: dict, name: str, code: int, needle: str) -> None:
+    err = reply.get("error")
+    assert err is not None and err["code"] == code and needle in err["message"], (name, reply)
+    if code == rpc.ALREADY_EXISTS:
+        assert err["data"] == {"looks_like": "db1"}, err
+
+
+@pytest.mark.parametrize("name, code, needle", DB1_LOOK_ALIKES, ids=[ascii(n) for n, _, _ in DB1_LOOK_ALIKES])
+def test_an_application_name_that_looks_like_one_in_use_is_refused_naming_it(daemon, name, code, needle):
+    first = RawConn(daemon.path)
+    c = RawConn(daemon.path)
+    try:
+        assert first.hello("db1")["app"] == "db1"
+        assert_refused(c.call("hello", {"version": 1, "app": name}), name, code, needle)
+        assert c.hello("db2")["app"] == "db2"  # the refused hello changed nothing
+        again = RawConn(daemon.path)
+        assert again.hello("db1")["app"] == "db1"  # and the name itself is joined as before
+        again.close()
+    finally:
+        c.close()
+        first.close()
+
+
+def test_a_task_name_that_looks_like_one_registered_is_refused_naming_it(daemon):
+    owner, other = RawConn(daemon.path), RawConn(daemon.path)
+    try:
+        owner.hello("lookalike_tasks")
+        other.hello("lookalike_others")  # task names are unique on the daemon: another application too
+        assert owner.call("register_task", {"name": "db1", "properties": {"min_cores": 1}})["result"]["task"] == "db1"
+        for conn in (owner, other):
+            for name, code, needle in DB1_LOOK_ALIKES:
+                r = conn.call("register_task", {"name": name, "properties": {"min_cores": 1}})
+                assert_refused(r, name, code, needle)
+        r = owner.call("register_task", {"name": "other.l23", "properties": {"min_cores": 1}})
+        assert r["error"]["code"] == rpc.INVALID_PARAMS and "look like them" in r["error"]["message"], r
+        assert [t["task"] for t in owner.call("list_tasks")["result"]["tasks"]] == ["db1"]
+        assert "result" in other.call("register_task", {"name": "db2", "properties": {"min_cores": 1}})
+    finally:
+        other.close()
+        owner.close()
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root to become another user")
+def test_an_unprivileged_uid_cannot_take_a_look_alike_of_another_uids_name():
+    with shared_dir("cod-lookalike-") as tmp:
+        d = start_daemon(tmp, "--machine", "magnycours")
+        try:
+            roots = RawConn(d.path)
+            roots.hello("db1")
+
+            def nobody() -> None:
+                c = RawConn(d.path)
+                assert_refused(c.call("hello", {"version": 1, "app": "DB1"}), "DB1", rpc.ALREADY_EXISTS, "looks like")
+                # uid 0's default names uid0.pid<PID>: a look-alike would keep them out
+                r = c.call("hello", {"version": 1, "app": "UID0.pid1"})
+                assert r["error"]["code"] == rpc.PERMISSION_DENIED and "reserved for uid 0" in r["error"]["message"], r
+                assert c.hello("mine")["app"] == "mine"
+                c.close()
+
+            assert as_user(NOBODY, nobody) == 0
+            roots.close()
+        finally:
+            d.stop()
+
+
 # ---- application names per uid ----------------------------------------------------------------------
 @pytest.mark.skipif(not ROOT, reason="needs root to become another user")
 def test_a_uid_holds_at_most_max_apps_per_uid_names_persistent_ones_included():

@@ -117,7 +117,11 @@ existing_app_module(App, Module) :-
 %
 %   An application name is 1..128 bytes of printable UTF-8 (no control
 %   characters).  The module is 'app_' followed by the name: names never
-%   collide, whatever characters they hold.
+%   collide, whatever characters they hold.  Deliberately the wire's rule
+%   (cod.protocol.names), no stricter: which names would pass for another
+%   (NFC, invisible characters, scripts, look-alikes of names in use) is the
+%   daemon's to refuse (rm/names.py, rm/confusables.py), where the names in
+%   use are known.
 valid_app_name(App) :-
     atom(App),
     atom_codes(App, Codes),
