@@ -45,6 +45,7 @@ from cod.rm.elastic.settings import ElasticSettings
 from cod.rm.elastic.taskstats import TaskstatsReader, open_reader
 
 from .enforce.backend import Enforcer
+from .enforce.helddir import HeldDir, PathRefused
 from .enforce.procevents import ProcEvent
 from .registry import Connection
 from .busy import printable
@@ -68,11 +69,12 @@ def _uid_of(pid: int) -> int | None:
 
 
 def owner_of(group: CgroupGroup | PidTreeGroup) -> int | None:
-    """The uid a group belongs to: the owner of its cgroup (the uid it is delegated to), or the real
-    uid of its first pid (a postmaster's, whoever registers it); None when that is gone."""
+    """The uid a group belongs to: the owner of its cgroup (the uid it is delegated to: the
+    directory held open, not whatever its path names now), or the real uid of its first pid
+    (a postmaster's, whoever registers it); None when that is gone."""
     if isinstance(group, CgroupGroup):
         try:
-            return os.stat(group.path).st_uid
+            return group.owner_uid()
         except OSError:
             return None
     return _uid_of(group.roots[0])
@@ -217,13 +219,28 @@ class ElasticGroups:
             self._taskstats = await asyncio.get_running_loop().run_in_executor(None, open_reader)
         return self._taskstats
 
-    async def register(self, conn: Connection, name: str | None, pids: list[int] | None, cgroup: str | None,
-                       settings: ElasticSettings) -> dict[str, Any]:
-        """Admit a group, all or nothing: checks, admission, pin, SKB facts, then its timer."""
+    @staticmethod
+    def open(pids: list[int] | None, cgroup: str | None) -> CgroupGroup | PidTreeGroup:
+        """The group a request names, opened once: a cgroup's directory is held from here on, so
+        that the owner checked (`owner_of`) is the owner of the cgroup used (issue 47)."""
         try:
-            group = open_group(pids=pids, cgroup=cgroup)
+            return open_group(pids=pids, cgroup=cgroup)
         except ElasticError as err:
             raise RpcError(rpc.INVALID_PARAMS, f"register_unmanaged: {err}") from None
+
+    async def register(self, conn: Connection, name: str | None, group: CgroupGroup | PidTreeGroup,
+                       settings: ElasticSettings) -> dict[str, Any]:
+        """Admit ``group`` (from `open`, checked by the caller), all or nothing: checks, admission,
+        pin, SKB facts, then its timer.  A refusal closes the group."""
+        try:
+            return await self._register(conn, name, group, settings)
+        except BaseException:
+            if not any(g.runner.group is group for g in self.groups.values()):
+                group.close()
+            raise
+
+    async def _register(self, conn: Connection, name: str | None, group: CgroupGroup | PidTreeGroup,
+                        settings: ElasticSettings) -> dict[str, Any]:
         if name is None:
             name = default_name(group)
         problem = name_problem(name)
@@ -283,7 +300,7 @@ class ElasticGroups:
         mine = group.pids()
         for g in self.groups.values():
             other = g.runner.group
-            if isinstance(group, CgroupGroup) and isinstance(other, CgroupGroup) and other.path == group.path:
+            if isinstance(group, CgroupGroup) and isinstance(other, CgroupGroup) and other.identity == group.identity:
                 return f"{group.describe()} is already managed as elastic group {g.name!r}"
             both = mine & g.members()
             if both:
@@ -328,11 +345,7 @@ class ElasticGroups:
                 raise RpcError(rpc.NOT_FOUND, f"no elastic group named {name!r}")
             return g
         if cgroup is not None:
-            path = os.path.realpath(cgroup)
-            for g in self.groups.values():
-                if isinstance(g.runner.group, CgroupGroup) and g.runner.group.path == path:
-                    return g
-            raise RpcError(rpc.NOT_FOUND, f"no elastic group of cgroup {path}")
+            return self._of_cgroup(cgroup)
         assert pid is not None
         for g in self.groups.values():
             if isinstance(g.runner.group, PidTreeGroup) and pid in g.runner.group.roots:
@@ -341,6 +354,22 @@ class ElasticGroups:
             if pid in g.members():
                 return g
         raise RpcError(rpc.NOT_FOUND, f"no elastic group holds process {pid}")
+
+    def _of_cgroup(self, cgroup: str) -> ManagedGroup:
+        """The group of the directory ``cgroup`` names now (by identity: a v1 cgroup renamed since its
+        registration is still found, and another one given its old name is not taken for it); by
+        path when it cannot be opened (removed, or a symbolic link)."""
+        try:
+            held = HeldDir.open(cgroup)
+            identity, path = held.identity, held.path
+            held.close()
+        except PathRefused:
+            identity, path = None, os.path.realpath(cgroup)
+        for g in self.groups.values():
+            group = g.runner.group
+            if isinstance(group, CgroupGroup) and (group.identity == identity if identity else group.path == path):
+                return g
+        raise RpcError(rpc.NOT_FOUND, f"no elastic group of cgroup {path}")
 
     async def remove(self, g: ManagedGroup, reason: str) -> dict[str, Any]:
         """The group leaves: its processes get their affinity back, others get its CPUs."""

@@ -12,7 +12,6 @@ through the part of :class:`cod.rm.service.ResourceManager` that owns it
 from __future__ import annotations
 
 import math
-import os
 from typing import Any, Awaitable, Callable
 
 from cod.facts import procfs
@@ -33,11 +32,12 @@ from cod.protocol.jsonrpc import (
     Request,
     RpcError,
 )
+from cod.rm.elastic.group import CgroupGroup
 from cod.skb.codec import PREDICATE_KINDS
 
 from .registry import Connection, Task
 from .names import looks_like_other, name_problem
-from .elastic_groups import SETTING_KEYS
+from .elastic_groups import SETTING_KEYS, owner_of
 from .service import ResourceManager
 from .taskprops import split_properties
 
@@ -346,11 +346,17 @@ def _group_source(p: Params) -> tuple[list[int] | None, str | None]:
     return pids, cgroup
 
 
-def _cgroup_owner(path: str) -> int:
-    try:
-        return os.stat(path).st_uid
-    except OSError as err:
-        raise RpcError(INVALID_PARAMS, f"register_unmanaged: cgroup {path}: {err.strerror}") from None
+def _check_cgroup_owner(conn: Connection, group: Any) -> None:
+    """An unprivileged peer registers only a cgroup delegated to it: the directory the group holds
+    open is owned by its uid (`owner_of` reads the same descriptor, never the path again)."""
+    if conn.privileged or not isinstance(group, CgroupGroup):
+        return
+    owner = owner_of(group)
+    if owner is None:
+        raise RpcError(NOT_FOUND, f"register_unmanaged: cgroup {group.path} is gone")
+    if owner != conn.peer.uid:
+        raise RpcError(PERMISSION_DENIED, f"cgroup {group.path} belongs to uid {owner}: an unprivileged uid may "
+                                          f"register only a cgroup delegated to it (owned by uid {conn.peer.uid})")
 
 
 async def register_unmanaged(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -366,20 +372,17 @@ async def register_unmanaged(rm: ResourceManager, conn: Connection, p: Params) -
     p.done()
     settings = groups.settings_from(raw)
     # A uid manages its own processes; a cgroup only if privileged or the cgroup is delegated to it.
-    if not conn.privileged:
-        for pid in pids or ():
-            owner = _proc_owner(pid)
-            if owner != conn.peer.uid:
-                raise RpcError(PERMISSION_DENIED, f"process {pid} belongs to uid {owner}, not to you (uid {conn.peer.uid})")
-        if cgroup is not None:
-            owner = _cgroup_owner(cgroup)
-            if owner != conn.peer.uid:
-                raise RpcError(PERMISSION_DENIED, f"cgroup {cgroup} belongs to uid {owner}: an unprivileged uid may "
-                                                  f"register only a cgroup delegated to it (owned by uid {conn.peer.uid})")
-    else:
-        for pid in pids or ():
-            _proc_owner(pid)  # NOT_FOUND for a process that does not exist
-    return await groups.register(conn, name, pids, cgroup, settings)
+    for pid in pids or ():
+        owner = _proc_owner(pid)  # NOT_FOUND for a process that does not exist
+        if owner != conn.peer.uid and not conn.privileged:
+            raise RpcError(PERMISSION_DENIED, f"process {pid} belongs to uid {owner}, not to you (uid {conn.peer.uid})")
+    group = groups.open(pids, cgroup)  # a cgroup's directory is opened once, here, and held
+    try:
+        _check_cgroup_owner(conn, group)
+    except BaseException:
+        group.close()
+        raise
+    return await groups.register(conn, name, group, settings)
 
 
 async def deregister_unmanaged(rm: ResourceManager, conn: Connection, p: Params) -> Any:

@@ -693,7 +693,7 @@ def test_affinity_run_cleans_up_after_a_crashed_cpuset_run(state_dir, spawn):
     finally:
         rm.send_signal(signal.SIGKILL)
         rm.wait()
-    with AffinityEnforcer(state_dir) as enf:
+    with AffinityEnforcer(state_dir, cgroup_parent=PARENT) as enf:  # the parent the crashed run used
         done = enf.cleanup_stale()
     assert f"removed cgroup {os.path.join(MOUNT.path, PARENT, 'victim')}" in done
     assert not os.path.exists(os.path.join(MOUNT.path, PARENT))

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from cod.facts import procfs
 from cod.rm.enforce.cgroupfs import MOUNTS, cgroup_mounts
+from cod.rm.enforce.helddir import HeldDir, PathRefused
 from cod.rm.enforce.procevents import ProcEvent
 
 from .errors import ElasticError, GroupGone
@@ -55,23 +56,39 @@ def cgroup_mount_of(path: str, mounts: str = MOUNTS) -> str | None:
 
 
 class CgroupGroup:
+    """Every process of one cgroup, read through the cgroup's directory held open (`HeldDir`):
+    the cgroup whose owner the daemon checked is the one it reads, whatever the path names later."""
+
     kind = "cgroup"
 
     def __init__(self, path: str, proc: str = procfs.PROC) -> None:
-        path = os.path.realpath(path)
-        if not os.path.isfile(os.path.join(path, "cgroup.procs")):
-            raise ElasticError(f"{path} is not a cgroup directory (no cgroup.procs)")
-        if cgroup_mount_of(path) is None:
-            raise ElasticError(f"{path} is not in a cgroup filesystem (see /proc/self/mounts)")
-        self.path = path
+        try:
+            held = HeldDir.open(path if os.path.isabs(path) else os.path.abspath(path))
+        except PathRefused as err:
+            raise ElasticError(str(err)) from None
+        try:
+            if not held.has_file("cgroup.procs"):
+                raise ElasticError(f"{held.path} is not a cgroup directory (no cgroup.procs)")
+            if cgroup_mount_of(held.path) is None:
+                raise ElasticError(f"{held.path} is not in a cgroup filesystem (see /proc/self/mounts)")
+        except BaseException:
+            held.close()
+            raise
+        self.dir = held
+        self.path = held.path
+        self.identity = held.identity
         self.proc = proc
-        self.version = 2 if os.path.exists(os.path.join(path, "cgroup.controllers")) else 1
-        if self.version == 2:
-            counter = os.path.join(path, "cpu.stat")
-        else:
-            counter = os.path.join(path, "cpuacct.usage")
-        self._counter = counter if os.path.isfile(counter) else None
+        self.version = 2 if held.has_file("cgroup.controllers") else 1
+        counter = "cpu.stat" if self.version == 2 else "cpuacct.usage"
+        self._counter = counter if held.has_file(counter) else None
         self._members: dict[int, Member] = {}
+
+    def owner_uid(self) -> int:
+        """Whose cgroup it is (the uid it is delegated to): the owner of the directory held."""
+        return self.dir.owner_uid()
+
+    def close(self) -> None:
+        self.dir.close()
 
     def describe(self) -> str:
         source = "its CPU counter" if self._counter else "its processes' /proc counters"
@@ -81,19 +98,12 @@ class CgroupGroup:
         return ("cgroup", self.path)
 
     def _read(self, name: str) -> str:
-        try:
-            fd = os.open(os.path.join(self.path, name), os.O_RDONLY | os.O_CLOEXEC)
-            try:  # os.read: cheaper than open() on every period; cgroup.procs may exceed a page
-                chunks = []
-                while chunk := os.read(fd, 65536):
-                    chunks.append(chunk)
-            finally:
-                os.close(fd)
-            return b"".join(chunks).decode()
+        try:  # os.read through the held directory: cheap enough for every period
+            return self.dir.read(name).decode()
         except FileNotFoundError as err:
             raise GroupGone(f"cgroup {self.path} disappeared") from err
         except OSError as err:
-            if err.errno in (errno.ENODEV, errno.ENOENT):
+            if err.errno in (errno.ENODEV, errno.ENOENT, errno.EBADF):
                 raise GroupGone(f"cgroup {self.path} disappeared") from err
             raise ElasticError(f"cannot read {self.path}/{name}: {err.strerror}") from err
 
@@ -124,7 +134,7 @@ class CgroupGroup:
         """The cgroup's cumulative CPU time in seconds; None without a counter."""
         if self._counter is None:
             return None
-        text = self._read(os.path.basename(self._counter))
+        text = self._read(self._counter)
         if self.version == 1:
             return int(text.strip()) / 1e9
         for line in text.splitlines():
@@ -215,3 +225,6 @@ class PidTreeGroup:
 
     def cpu_usage_s(self) -> float | None:
         return None
+
+    def close(self) -> None:
+        """Nothing is held: a pid group reads /proc."""

@@ -335,11 +335,12 @@ class ElasticRunner:
         return group_facts(self.name, self.group.fact_source(), self.settings, self.state, self.last_load)
 
     def close(self) -> None:
-        """Give every member its original affinity back, close the event source it was
-        given; idempotent."""
+        """Give every member its original affinity back, close the group (a cgroup's held
+        directory) and the event source it was given; idempotent."""
         try:
             self.enforcer.release(self.task)
         finally:
+            self.group.close()
             if self.events is not None:
                 self.events.close()
             if self._own_taskstats and self.taskstats is not None:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from cod.facts import procfs
+
+from .cgroupfs import MOUNTS, find_cpuset_mount
+from .cpuset import cpuset_scope
 from .pinning import pin_process
 from .recording import RecordingEnforcer
 
@@ -19,6 +23,13 @@ class AffinityEnforcer(RecordingEnforcer):
     touch on the pinned CPUs, or the policy the process sets (docs/design-enforce.md)."""
 
     name = "affinity"
+
+    def __init__(self, state_dir: str, proc: str = procfs.PROC, memory_migrate: bool = False,
+                 cgroup_parent: str = "cod", mounts: str = MOUNTS) -> None:
+        # It makes no cgroup, but cleans up those of a crashed cpuset run under the same parent.
+        mount = find_cpuset_mount(mounts)
+        super().__init__(state_dir, proc, memory_migrate=memory_migrate,
+                         cgroups=cpuset_scope(mount, cgroup_parent) if mount is not None else None)
 
     def describe(self) -> str:
         extra = "; pages follow in batches" if self.memory_migrate else ""

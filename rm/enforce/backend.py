@@ -146,15 +146,18 @@ def detect(mode: str, state_dir: str, *, root: bool | None = None, cgroup_parent
         mount = find_cpuset_mount(mounts) if root else None
         if not root:
             log.warning("enforce=cpuset needs root to write cgroups; falling back to affinity")
-            enforcer = AffinityEnforcer(state_dir, memory_migrate=memory_migrate)
+            enforcer = AffinityEnforcer(state_dir, memory_migrate=memory_migrate, cgroup_parent=cgroup_parent,
+                                        mounts=mounts)
         elif mount is None:
             log.warning("enforce=cpuset: no cpuset controller mounted (v1 or v2); falling back to affinity")
-            enforcer = AffinityEnforcer(state_dir, memory_migrate=memory_migrate)
+            enforcer = AffinityEnforcer(state_dir, memory_migrate=memory_migrate, cgroup_parent=cgroup_parent,
+                                        mounts=mounts)
         else:
             cls = CpusetV1Enforcer if mount.version == 1 else CpusetV2Enforcer
             enforcer = cls(mount, state_dir, parent=cgroup_parent,
                            memory_migrate=memory_migrate, exclusive=exclusive)
     else:
-        enforcer = AffinityEnforcer(state_dir, memory_migrate=memory_migrate)
+        enforcer = AffinityEnforcer(state_dir, memory_migrate=memory_migrate, cgroup_parent=cgroup_parent,
+                                    mounts=mounts)
     log.info("enforcement: %s", enforcer.describe())
     return enforcer

@@ -26,6 +26,7 @@ from .errors import EnforceError
 from .pinning import pin_process
 from .recording import RecordingEnforcer, check_task_name
 from .state import ProcRecord
+from .statecheck import CgroupScope
 from .syscalls import syscall_number
 
 log = logging.getLogger("cod.rm.enforce")
@@ -43,6 +44,15 @@ def cgroup_dir_name(task: str) -> str:
     if TASK_NAME.fullmatch(task):
         return task
     return "~" + base64.b32encode(task.encode("utf-8")).decode("ascii").rstrip("=").lower()
+
+
+def cpuset_scope(mount: CpusetMount, parent: str) -> CgroupScope:
+    """Where the task cgroups under ``parent`` of ``mount`` are (``MOUNT/PARENT/<dir name>``)."""
+    if not TASK_NAME.fullmatch(parent):
+        raise EnforceError(f"cgroup parent {parent!r}: use 1-64 of A-Z a-z 0-9 _ . : - (not starting with . : -)")
+    parent_dir = os.path.join(mount.path, parent)
+    return CgroupScope(mount.version, mount.path, parent_dir,
+                       lambda task: os.path.join(parent_dir, cgroup_dir_name(task)))
 
 
 def migrate_pages_number(machine: str | None = None) -> int:
@@ -100,11 +110,10 @@ class CpusetEnforcer(RecordingEnforcer):
                  proc: str = procfs.PROC) -> None:
         if mount.version != self.version:
             raise EnforceError(f"{type(self).__name__} needs cgroup v{self.version}, got {mount.describe()}")
-        if not TASK_NAME.fullmatch(parent):
-            raise EnforceError(f"cgroup parent {parent!r}: use 1-64 of A-Z a-z 0-9 _ . : - (not starting with . : -)")
-        super().__init__(state_dir, proc, memory_migrate=memory_migrate)
+        scope = cpuset_scope(mount, parent)
+        super().__init__(state_dir, proc, memory_migrate=memory_migrate, cgroups=scope)
         self.mount = mount
-        self.parent = os.path.join(mount.path, parent)
+        self.parent = scope.parent
         self.exclusive = exclusive
         try:
             self._make_parent()

@@ -24,6 +24,7 @@ from .movequeue import BackgroundMover, MoveJob
 from .pagemove import MoveReport, PageMover
 from .pinning import set_thread_affinity, thread_placements
 from .state import ProcRecord, StateStore, TaskRecord
+from .statecheck import CgroupScope
 
 log = logging.getLogger("cod.rm.enforce")
 FORMER_MASKS = 8  # a task's earlier masks remembered: enough for the changes a fork can straddle
@@ -42,7 +43,8 @@ class RecordingEnforcer:
 
     name = "abstract"
 
-    def __init__(self, state_dir: str, proc: str = procfs.PROC, memory_migrate: bool = False) -> None:
+    def __init__(self, state_dir: str, proc: str = procfs.PROC, memory_migrate: bool = False,
+                 cgroups: CgroupScope | None = None) -> None:
         self.proc = proc
         self.memory_migrate = memory_migrate
         self.mover = PageMover(proc=proc)
@@ -52,7 +54,8 @@ class RecordingEnforcer:
         self._inflight: dict[str, MoveJob] = {}  # task -> its move queued or under way
         # Held by apply()/release() and by a finished move's bookkeeping (on the mover's thread).
         self._lock = threading.RLock()
-        self.state = StateStore(state_dir)
+        self.cgroups = cgroups  # where this enforcer's cgroups are (or a crashed cpuset run's were)
+        self.state = StateStore(state_dir, cgroups)
         self.cpus: dict[str, tuple[int, ...]] = {}
         self.mems: dict[str, tuple[int, ...]] = {}
         # the masks each task had before its current one, newest last (decision 18)
@@ -363,7 +366,7 @@ class RecordingEnforcer:
         done: list[str] = []
         for task, rec in sorted(self.state.stale.items()):
             for pid, prec in sorted([*rec.procs.items(), *rec.children.items()]):
-                if self._restore_proc(pid, prec):
+                if self._restore_stale(task, rec, pid, prec):
                     done.append(f"restored pid {pid} of task {task} to CPUs {procfs.format_cpu_list(prec.affinity)}")
             done.extend(self._remove_task_cgroup(task, rec))
         self.state.stale.clear()
@@ -372,6 +375,27 @@ class RecordingEnforcer:
         for line in done:
             log.info("cleanup after previous run: %s", line)
         return done
+
+    def _restore_stale(self, task: str, rec: TaskRecord, pid: int, prec: ProcRecord) -> bool:
+        """Undo what a crashed run did to ``pid``, no more: a task without a cgroup (an affinity
+        run, or a cpuset run that crashed before it made one) moved nobody, so only the mask is
+        given back; a task with one gives back a process still in it (`_in_task_cgroup`).  Both
+        when its pid and start time still match."""
+        if rec.cgroup is None:
+            return self._restore_affinity(pid, prec)
+        return self._in_task_cgroup(task, rec, pid) and self._restore_proc(pid, prec)
+
+    def _in_task_cgroup(self, task: str, rec: TaskRecord, pid: int) -> bool:
+        """Only the daemon moves processes into a task's cgroup, so a process found elsewhere is
+        not the daemon's to move back (it was never moved in, or someone moved it out since)."""
+        assert self.cgroups is not None and rec.cgroup is not None  # else refused by statecheck
+        rel = cgroupfs.process_cgroup(pid, self.cgroups.version, self.proc)
+        if rel is not None and os.path.join(self.cgroups.mount, rel.lstrip("/")).rstrip("/") == rec.cgroup:
+            return True
+        if rel is not None:
+            log.info("cleanup after previous run: pid %d of task %s is not in the task's cgroup %s: left as it is",
+                     pid, task, rec.cgroup)
+        return False
 
     def _cleanup_extra(self) -> list[str]:
         return []

@@ -17,6 +17,12 @@ Format (JSON, versioned like Kubernetes' checkpoints)::
                                       "threads": {TID: [CPU...]},    # where a thread differed
                                       "cpuset": PATH | null}},       # original cgroup
                       "children": {PID: <as procs>}}}}              # forked after pinning
+
+What the file may say is checked before anything is done with it (`cod.rm.enforce.statecheck`,
+issue 47): recovery acts on it as root.  Only the daemon's uid may have written it: the
+directory and the file must be its own and writable by nobody else, and the file a regular one
+(not a symbolic link).  A file that fails either check is refused, whole, in one line naming it
+and what is wrong, and kept as it is (docs/design-enforce.md, "The state file").
 """
 
 from __future__ import annotations
@@ -25,12 +31,13 @@ import errno
 import fcntl
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import EnforceError
+from .statecheck import VERSION, CgroupScope, StateFileInvalid, check_state
 
-VERSION = 1
 STATE_FILE = "enforce-state.json"
 LOCK_FILE = "lock"
 
@@ -70,14 +77,23 @@ class TaskRecord:
 
 
 class StateStore:
-    """The state file of one enforcer; holds the directory's lock while open."""
+    """The state file of one enforcer; holds the directory's lock while open.
 
-    def __init__(self, state_dir: str) -> None:
+    ``scope`` says where the enforcer's cgroups are: a stale record naming any other cgroup is
+    refused (`check_state`); None for an enforcer without a cpuset hierarchy."""
+
+    def __init__(self, state_dir: str, scope: CgroupScope | None = None) -> None:
         self.dir = state_dir
         self.path = os.path.join(state_dir, STATE_FILE)
+        self.scope = scope
         try:
             os.makedirs(state_dir, mode=0o700, exist_ok=True)
-            self._lock_fd = os.open(os.path.join(state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+            found = os.stat(state_dir)
+        except OSError as err:
+            raise EnforceError(f"cannot use state directory {state_dir}: {err.strerror}") from err
+        _check_owned(state_dir, found, "state directory", stat.S_ISDIR)
+        try:
+            self._lock_fd = os.open(os.path.join(state_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         except OSError as err:
             raise EnforceError(f"cannot use state directory {state_dir}: {err.strerror}") from err
         try:
@@ -90,31 +106,52 @@ class StateStore:
                     f"state directory {state_dir} is in use by another COD RM (pid {holder or '?'})"
                 ) from err
             raise EnforceError(f"cannot lock {state_dir}/{LOCK_FILE}: {err.strerror}") from err
-        os.ftruncate(self._lock_fd, 0)
-        os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
-        # What a previous owner left behind (empty after a clean exit).
-        self.stale: dict[str, TaskRecord] = self._load()
+        try:
+            # What a previous owner left behind (empty after a clean exit); checked before the lock
+            # file names this process, so that a refused start changes nothing.
+            self.stale: dict[str, TaskRecord] = self._load()
+            os.ftruncate(self._lock_fd, 0)
+            os.pwrite(self._lock_fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            self.close()
+            raise
         self.tasks: dict[str, TaskRecord] = {}
 
-    def _load(self) -> dict[str, TaskRecord]:
+    def _read(self) -> Any:
+        """The parsed file, None when there is none; opened without following a symbolic link
+        and checked to be the daemon's own before it is read."""
         try:
-            with open(self.path) as f:
-                data = json.load(f)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
+            return None
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise EnforceError(f"state file {self.path} is a symbolic link; the daemon reads only a file of "
+                                   "its own: remove the link") from err
+            raise EnforceError(f"state file {self.path} is unreadable ({err.strerror})") from err
+        with os.fdopen(fd, "rb") as f:
+            _check_owned(self.path, os.fstat(f.fileno()), "state file", stat.S_ISREG)
+            try:
+                return json.loads(f.read())
+            except (OSError, ValueError) as err:
+                raise EnforceError(
+                    f"state file {self.path} is unreadable ({err}); inspect it, then delete it to start afresh"
+                ) from err
+
+    def _load(self) -> dict[str, TaskRecord]:
+        data = self._read()
+        if data is None:
             return {}
-        except (OSError, ValueError) as err:
-            raise EnforceError(
-                f"state file {self.path} is unreadable ({err}); inspect it, then delete it to start afresh"
-            ) from err
-        if data.get("version") != VERSION:
-            raise EnforceError(
-                f"state file {self.path} has version {data.get('version')!r}, this COD reads {VERSION}"
-            )
+        try:
+            check_state(data, self.scope)
+        except StateFileInvalid as err:
+            raise StateFileInvalid(f"state file {self.path}: {err}; nothing was done: inspect the file, "
+                                   "then delete it to start afresh") from None
         tasks: dict[str, TaskRecord] = {}
-        for name, t in data.get("tasks", {}).items():
+        for name, t in data["tasks"].items():
             tasks[name] = TaskRecord(
-                cgroup=t.get("cgroup"),
-                procs={int(p): ProcRecord.from_json(r) for p, r in t.get("procs", {}).items()},
+                cgroup=t["cgroup"],
+                procs={int(p): ProcRecord.from_json(r) for p, r in t["procs"].items()},
                 children={int(p): ProcRecord.from_json(r) for p, r in t.get("children", {}).items()},
             )
         return tasks
@@ -136,13 +173,31 @@ class StateStore:
         }
         tmp = self.path + ".tmp"
         try:
-            with open(tmp, "w") as f:
+            # Mode 0600 whatever the umask: the next start refuses a file others may write.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                os.fchmod(fd, 0o600)
                 json.dump(data, f, indent=1, sort_keys=True)
             os.replace(tmp, self.path)
         except OSError as err:
             raise EnforceError(f"cannot write state file {self.path}: {err.strerror}") from err
 
     def close(self) -> None:
-        if self._lock_fd >= 0:
+        if getattr(self, "_lock_fd", -1) >= 0:
             os.close(self._lock_fd)  # releases the flock
             self._lock_fd = -1
+
+
+def _check_owned(path: str, st: os.stat_result, what: str, is_kind: Any) -> None:
+    """``path`` (``st``) is of the right kind, the daemon's uid's, and writable by no other uid:
+    crash recovery, as root, does what the state file says."""
+    kind = "directory" if what.endswith("directory") else "regular file"
+    if not is_kind(st.st_mode):
+        raise EnforceError(f"{what} {path} is not a {kind}")
+    if st.st_uid != os.geteuid():
+        raise EnforceError(f"{what} {path} belongs to uid {st.st_uid}, not to the daemon's uid {os.geteuid()}: "
+                           "another uid could have written what crash recovery would do; use a directory of the "
+                           "daemon's own (--state-dir)")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise EnforceError(f"{what} {path} is writable by other uids (mode {stat.S_IMODE(st.st_mode):04o}): "
+                           f"another uid could have written what crash recovery would do; chmod go-w {path}")

@@ -64,10 +64,21 @@ def remove_tree(path: str) -> None:
         remove(sub)
 
 
+def cgroup_v1_root() -> str | None:
+    """A cgroup v1 hierarchy with a CPU counter (cpuacct): the one where a cgroup can be renamed."""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 4 and fields[2] == "cgroup" and "cpuacct" in fields[3].split(","):
+                return fields[1]
+    return None
+
+
 @contextlib.contextmanager
-def temp_cgroup(tag: str, skip: bool = True) -> Iterator[str]:
-    """A new cgroup; without root or a hierarchy the test is skipped (``skip``) or this raises."""
-    root = cgroup_root()
+def temp_cgroup(tag: str, skip: bool = True, root: str | None = None) -> Iterator[str]:
+    """A new cgroup (under ``root``, by default `cgroup_root`'s hierarchy); without root or a
+    hierarchy the test is skipped (``skip``) or this raises."""
+    root = root or cgroup_root()
     if os.geteuid() != 0 or root is None:
         if skip:
             import pytest
