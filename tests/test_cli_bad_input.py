@@ -331,3 +331,21 @@ def test_watch_for_a_positive_duration_still_watches(daemon):
     r = cod(["shell", "--socket", str(daemon.path), "-c", ":watch 0.2", "-c", "X = 1."], timeout=60)
     assert r.returncode == 0, r.stderr
     assert "Watching events for 0.2 s" in r.stderr and r.stdout == "X = 1.\n"
+
+
+# ---- the interactive shell's history file, which prompt_toolkit reads whole ------------------------
+def test_a_history_file_that_is_not_a_bounded_regular_file_is_not_read(tmp_path):
+    from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+    from cod.cli.shell.interactive import open_history
+
+    os.mkfifo(tmp_path / "fifo")
+    with open(tmp_path / "big", "wb") as f:
+        f.truncate(MAX_INPUT_BYTES + 1)
+    rows = [(Path("/dev/zero"), "is not a regular file"), (tmp_path / "fifo", "is not a regular file"),
+            (tmp_path / "big", f"is over {MAX_INPUT_BYTES >> 20} MiB")]
+    for path, reason in rows:
+        history, note = open_history(path)
+        assert isinstance(history, InMemoryHistory) and note == f"History is not kept: {path} {reason}.", path
+    history, note = open_history(tmp_path / "state" / "shell_history")
+    assert isinstance(history, FileHistory) and note is None
