@@ -15,20 +15,35 @@ hwloc's logical indexes:
 
 I/O objects (Bridge, PCIDev, OSDev) and Misc are skipped.  Everything else the
 file says (info strings, memattrs, cpukinds) is not needed by the planner.
+
+The file is a user's input (docs/security.md): read up to
+:data:`~cod.facts.user_input.MAX_INPUT_BYTES`, parsed by defusedxml (no entity
+declarations, no external references) down to
+:data:`~cod.facts.user_input.MAX_NESTING` elements, and its numbers are held to
+what hwloc writes: os_index an unsigned 32-bit number (0xffffffff: none), unique
+among the PUs, the packages and the NUMA nodes; sizes and indexes unsigned 64-bit.
 """
 
 from __future__ import annotations
 
+import math
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from defusedxml import DefusedXmlException
+from defusedxml.ElementTree import DefusedXMLParser
+
 from .cpulist import parse_hwloc_bitmap
 from .model import PU, Cache, Core, FactsError, Machine, NumaNode, Package
+from .user_input import MAX_NESTING, InputError, read_bytes
 
 _SKIPPED_TYPES = {"Bridge", "PCIDev", "OSDev", "Misc"}
 _V1_CACHE_TYPES = {0: "unified", 1: "data", 2: "instruction"}
 _UNKNOWN_OS_INDEX = {4294967295, -1}  # hwloc's (unsigned)-1 for "no OS number"
+# The largest value of each integer attribute we read: hwloc writes them unsigned, os_index in 32 bits.
+_INT_MAX = {"os_index": (1 << 32) - 1}
+_U64_MAX = (1 << 64) - 1
 
 
 @dataclass(slots=True)
@@ -45,9 +60,17 @@ class _Reader:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.objects: list[_Obj] = []
+        self.pu_ids: set[int] = set()
 
     def error(self, what: str) -> FactsError:
         return FactsError(f"{self.path}: {what}")
+
+    @staticmethod
+    def named(obj: _Obj) -> str:
+        """``NUMANode object (os_index 3)``: the object, by its os_index where it has a plain one."""
+        os_index = obj.attrs.get("os_index", "")
+        plain = os_index.isascii() and os_index.isdigit() and len(os_index) <= 10
+        return f"{obj.type} object" + (f" (os_index {os_index})" if plain else "")
 
     def int_attr(self, obj: _Obj, name: str) -> int | None:
         raw = obj.attrs.get(name)
@@ -58,7 +81,14 @@ class _Reader:
         except ValueError:
             raise self.error(f"{obj.type} object: attribute {name}={raw!r} is not an integer") \
                 from None
-        return None if value in _UNKNOWN_OS_INDEX and name == "os_index" else value
+        if value in _UNKNOWN_OS_INDEX and name == "os_index":
+            return None
+        if value < 0:
+            raise self.error(f"{self.named(obj)}: attribute {name}={raw!r} is negative")
+        if value > _INT_MAX.get(name, _U64_MAX):
+            raise self.error(f"{self.named(obj)}: attribute {name}={raw!r} is out of range "
+                             f"(at most {_INT_MAX.get(name, _U64_MAX)})")
+        return value
 
     def bitmap_attr(self, obj: _Obj, name: str) -> tuple[set[int], bool] | None:
         raw = obj.attrs.get(name)
@@ -90,6 +120,9 @@ class _Reader:
             os_index = self.int_attr(obj, "os_index")
             if os_index is None:
                 raise self.error("PU object without os_index")
+            if os_index in self.pu_ids:
+                raise self.error(f"two PU objects with os_index {os_index}")
+            self.pu_ids.add(os_index)
             obj.pus.add(os_index)
         return obj
 
@@ -189,19 +222,43 @@ def load(path: str | Path) -> Machine:
     )
 
 
+class _DepthBoundTree(ET.TreeBuilder):
+    """ElementTree's tree builder, refusing elements nested deeper than MAX_NESTING (the
+    object tree is read recursively)."""
+
+    depth = 0
+
+    def start(self, tag: str, attrs: dict[str, str]) -> ET.Element:
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise InputError(f"elements nested deeper than {MAX_NESTING} levels")
+        return super().start(tag, attrs)
+
+    def end(self, tag: str) -> ET.Element:
+        self.depth -= 1
+        return super().end(tag)
+
+
 def _topology_element(path: Path) -> ET.Element:
     """The export's <topology> element; a FactsError that names the file for anything else."""
     try:
-        tree = ET.parse(path)
+        data = read_bytes(path)
+        parser = DefusedXMLParser(target=_DepthBoundTree())
+        parser.feed(data)
+        top = parser.close()
     except FileNotFoundError:
         raise FactsError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise FactsError(f"{path}: is a directory, not an hwloc XML file") from None
     except OSError as err:
         raise FactsError(f"{path}: cannot read: {err.strerror or err}") from None
+    except InputError as err:
+        raise FactsError(f"{path}: {err}") from None
+    except DefusedXmlException as err:
+        raise FactsError(f"{path}: refused: {err}: an hwloc export declares no entities "
+                         "and refers to no other file") from None
     except ET.ParseError as err:
         raise FactsError(f"{path}: not well-formed XML ({err})") from None
-    top = tree.getroot()
     if top.tag != "topology":
         raise FactsError(f"{path}: not an hwloc topology: root element is <{top.tag}>, "
                          "expected <topology>")
@@ -221,9 +278,14 @@ class _Found:
 
 def _sort_objects(reader: _Reader, all_pus: set[int]) -> _Found:
     found = _Found()
+    package_ids: set[int] = set()
     for obj in reader.objects:
         if obj.type in ("Package", "Socket"):
             os_index = reader.int_attr(obj, "os_index")
+            if os_index is not None and os_index in package_ids:
+                raise reader.error(f"two {obj.type} objects with os_index {os_index}")
+            if os_index is not None:
+                package_ids.add(os_index)
             pid = os_index if os_index is not None else min(obj.pus, default=-1)
             if obj.pus:
                 found.packages.setdefault(pid, set()).update(obj.pus)
@@ -316,6 +378,8 @@ def _distances_v1(reader: _Reader, root: _Obj,
             targets = [o for o in _walk(holder) if o.depth == holder.depth + rel]
             if not targets or any(o.type != "NUMANode" for o in targets):
                 continue  # a matrix between packages, cores or PUs: not ours
+            if not all(math.isfinite(v) and v >= 0 for v in [base, *values]):
+                raise reader.error("<distances>: a latency that is negative or not a finite number")
             if len(targets) != n or len(values) != n * n:
                 raise reader.error(f"<distances nbobjs={n}> holds {len(values)} values for "
                                    f"{len(targets)} NUMA nodes")
@@ -346,6 +410,8 @@ def _distances_v2(reader: _Reader, by_gp: dict[int, int],
         except ValueError:
             raise reader.error("<distances2 type=\"NUMANode\">: non-integer index or value") \
                 from None
+        if any(v < 0 for v in indexes + values):
+            raise reader.error("<distances2 type=\"NUMANode\">: a negative index or value")
         if len(indexes) != n or len(values) != n * n:
             raise reader.error(f"<distances2 type=\"NUMANode\" nbobjs={n}>: {len(indexes)} "
                                f"indexes and {len(values)} values")

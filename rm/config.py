@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from cod.facts.user_input import InputError, loads_toml, read_bytes
 from cod.protocol.errors import CodError
 from cod.protocol.paths import default_socket_path
 from cod.skb.session import EngineConfig
@@ -187,9 +188,13 @@ def _coerce(name: str, value: Any, origin: str) -> Any:
 def load_toml(path: str | Path) -> dict[str, Any]:
     """Settings from a TOML file: top-level keys, or the same keys under an `[rm]` table."""
     try:
-        data = tomllib.loads(Path(path).read_text())
+        data = loads_toml(read_bytes(path).decode("utf-8"))  # within user_input's size and depth
     except OSError as err:
         raise ConfigError(f"{path}: cannot read config file: {err.strerror}") from None
+    except InputError as err:
+        raise ConfigError(f"{path}: config file {err}") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: config file is not UTF-8 text: {err}") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError(f"{path}: not valid TOML: {err}") from None
     if isinstance(data.get("rm"), dict):

@@ -15,7 +15,7 @@ TPCW = str(DATA / "plans" / "tpcw_magnycours.json")
 
 def run(argv, capsys, stdin: str | None = None, monkeypatch=None):
     if stdin is not None:
-        monkeypatch.setattr("sys.stdin", io.StringIO(stdin))
+        monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(stdin.encode())))  # with .buffer, as stdin
     status = main(argv)
     out, err = capsys.readouterr()
     return status, out, err

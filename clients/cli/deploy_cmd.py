@@ -22,11 +22,13 @@ from typing import Any
 from cod.facts import FactsError, from_args
 from cod.facts.cpulist import parse_cpulist
 from cod.facts.model import Machine
+from cod.facts.user_input import InputError, loads_json, read_bytes, read_stream
 from cod.rm.deploy import DeployError, InfeasibleError, Options, deploy, parse_graph
 from cod.rm.deploy.render import render_text
 
 from .errors import UserError
 from .facts_cmd import add_machine_source
+from .terminal import terminal_safe_lines
 
 INFEASIBLE_STATUS = 2
 
@@ -59,16 +61,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def read_graph(path: str) -> Any:
+    """The graph file (``-``: standard input) as parsed JSON, within user_input's limits."""
+    where = "stdin" if path == "-" else path
     try:
-        text = sys.stdin.read() if path == "-" else open(path, encoding="utf-8").read()
+        text = (read_stream(sys.stdin.buffer) if path == "-" else read_bytes(path)).decode("utf-8")
+        return loads_json(text)
     except OSError as err:
         raise UserError(f"graph {path}: {err.strerror}") from None
     except UnicodeDecodeError as err:
-        raise UserError(f"graph {path}: not UTF-8 text: {err}") from None
-    try:
-        return json.loads(text)
+        raise UserError(f"graph {where}: not UTF-8 text: {err}") from None
+    except InputError as err:
+        raise UserError(f"graph {where}: {err}") from None
     except ValueError as err:
-        raise UserError(f"graph {'stdin' if path == '-' else path}: not valid JSON: {err}") from None
+        raise UserError(f"graph {where}: not valid JSON: {err}") from None
 
 
 def parse_node_bandwidth(text: str, machine: Machine) -> dict[int, int]:
@@ -150,5 +155,5 @@ def run(args: argparse.Namespace) -> int:
             out.pop("explain")
         sys.stdout.write(json.dumps(out, indent=1) + "\n")
     else:
-        sys.stdout.write(render_text(plan, explain=args.explain))
+        sys.stdout.write(terminal_safe_lines(render_text(plan, explain=args.explain)))  # ids are the user's
     return 0

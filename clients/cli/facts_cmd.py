@@ -11,6 +11,7 @@ from cod.facts.model import FactsError, Machine
 from cod.facts.prolog import to_prolog
 
 from .errors import UserError
+from .terminal import terminal_safe_lines
 
 FORMATS = ("json", "prolog", "text")
 
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         out = text.render(machine) + render_snapshot(partitions)
     else:
         out = text.render(machine)
-    sys.stdout.write(out)
+    sys.stdout.write(out if args.format == "json" else terminal_safe_lines(out))  # a file's name is its machine's
     return 0
 
 

@@ -13,6 +13,7 @@ import importlib
 import sys
 
 from .errors import UserError
+from .terminal import terminal_safe
 
 # Subcommand modules, in the order `cod --help` lists them.
 SUBCOMMANDS = ["facts", "query", "plan", "rm", "shell"]
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as err:
-        print(f"cod {args.command}: error: {err}", file=sys.stderr)
+        print(f"cod {args.command}: error: {terminal_safe(str(err))}", file=sys.stderr)  # one line, always
         return err.status
     except KeyboardInterrupt:
         return 130

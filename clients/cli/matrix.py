@@ -5,16 +5,19 @@ domain (``|`` between groups).  A matrix wider than ``width`` is folded at group
 boundaries into blocks that each fit, the row labels repeated in each; a single
 group wider than the width is cut into pieces too.  `cod plan` prints it as
 plain text and the shell in colour: a line is a list of (text, style)
-segments, so neither needs the other's output library.  No I/O here.
+segments, so neither needs the other's output library.  Row labels are made
+terminal-safe (terminal.py) before the columns are measured.  No I/O here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cod.facts.cpulist import format_cpulist
 from cod.facts.model import Machine
+
+from .terminal import terminal_safe
 
 # The marks of a cell, and the legend's words for them.
 HELD, NOT_HELD, RELEASING, BUSY, FREE, RESERVED = "X", ".", "r", "#", "o", "R"
@@ -126,6 +129,7 @@ def matrix_lines(groups: list[Group], rows: list[MatrixRow], width: int) -> list
     """The matrix of `rows` over the CPUs of `groups`, folded to `width` columns: for each block
     its NUMA, L3 and CPU lines, one line per row, then an empty line."""
     cell = max((len(str(c)) for _, _, cpus in groups for c in cpus), default=1)
+    rows = [replace(r, label=terminal_safe(r.label)) for r in rows]
     label_w = max([len(r.label) for r in rows] + [len("NUMA"), len("CPU")])
     out: list[list[Segment]] = []
     for block in _fold(groups, cell, label_w, width):

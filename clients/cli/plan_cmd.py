@@ -15,19 +15,20 @@ import argparse
 import json
 import shutil
 import sys
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cod.facts.cpulist import format_cpulist, parse_cpulist
 from cod.facts.model import FactsError, Machine
+from cod.facts.user_input import InputError, loads_json, loads_toml, read_bytes
 from cod.rm.allocator import SOLVERS, AllocationResult, OtherDemand, TaskSpec, TaskSpecError, allocate
 
 from .errors import UserError
 from .facts_cmd import add_machine_source, machine_of
 from .matrix import BUSY, HELD, NOT_HELD, RESERVED, MatrixRow, cpu_groups, legend, matrix_lines, plain_text
 from .plan_words import plan_sentence
+from .terminal import terminal_safe
 
 INFEASIBLE_STATUS = 2
 
@@ -54,20 +55,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _read(path: str, what: str) -> Any:
+    """A JSON or TOML file (by its suffix, else whichever it is), within user_input's limits."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        raw = read_bytes(p)
+        if p.suffix == ".toml":
+            return loads_toml(raw.decode())
+        if p.suffix == ".json":
+            return loads_json(raw)
+        try:
+            return loads_json(raw)
+        except ValueError:
+            return loads_toml(raw.decode())
     except OSError as err:
         raise UserError(f"{what} {path}: {err.strerror}") from None
-    try:
-        if p.suffix == ".toml":
-            return tomllib.loads(raw.decode())
-        if p.suffix == ".json":
-            return json.loads(raw)
-        try:
-            return json.loads(raw)
-        except ValueError:
-            return tomllib.loads(raw.decode())
+    except InputError as err:
+        raise UserError(f"{what} {path}: {err}") from None
     except (ValueError, UnicodeDecodeError) as err:
         raise UserError(f"{what} {path}: neither valid JSON nor TOML: {err}") from None
 
@@ -152,7 +155,7 @@ def render_text(machine: Machine, result: AllocationResult, unavailable: list[in
     if busy:
         rows.append(MatrixRow("unavailable", "", holder(sorted(busy), BUSY)))
     width = width or shutil.get_terminal_size().columns
-    lines.append(plain_text(matrix_lines(cpu_groups(machine), rows, width)).rstrip("\n"))
+    lines += plain_text(matrix_lines(cpu_groups(machine), rows, width)).rstrip("\n").split("\n")
     lines.append(legend(HELD + (RESERVED if result.reservations else "") + (BUSY if busy else "")))
     for t in result.tasks:
         lines.append(f"{t.name}: {len(t.cores)} CPUs on node(s) {','.join(map(str, t.numa_nodes)) or '-'}; "
@@ -161,4 +164,5 @@ def render_text(machine: Machine, result: AllocationResult, unavailable: list[in
     for r in result.reservations:
         lines.append(f"{r.name}: reserved CPUs {format_cpulist(r.cpus) or '-'} ({len(r.cpus)} of {r.wanted})"
                      f"{', moved' if r.moved else ''}; bound by: {', '.join(r.binding) or '-'}")
-    return "\n".join(lines) + "\n"
+    # Task names come from the user's file: each line is made terminal-safe (a name's newline too).
+    return "".join(terminal_safe(line) + "\n" for line in lines)

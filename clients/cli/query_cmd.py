@@ -13,9 +13,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from cod.facts import FactsError
+from cod.facts.user_input import InputError, read_bytes
 
 from .errors import UserError
 from .facts_cmd import add_machine_source, machine_of
@@ -47,9 +47,13 @@ def run(args: argparse.Namespace) -> int:
             skb.load_machine(machine)
             for path in args.load:
                 try:
-                    text = Path(path).read_text(encoding="utf-8")
+                    text = read_bytes(path).decode("utf-8")
                 except OSError as err:
                     raise UserError(f"cannot read {path}: {err.strerror}") from None
+                except InputError as err:
+                    raise UserError(f"{path}: {err}") from None
+                except UnicodeDecodeError as err:
+                    raise UserError(f"{path}: not UTF-8 text: {err}") from None
                 try:
                     skb.add_procedure(args.app, text)
                 except SKBError as err:

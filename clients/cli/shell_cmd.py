@@ -64,6 +64,17 @@ def _backend(args: argparse.Namespace):
     return DaemonBackend(args.socket or default_socket_path(), args.app)
 
 
+def _script_on_stdin() -> str:
+    from cod.facts.user_input import InputError, read_stream
+
+    try:
+        return read_stream(sys.stdin.buffer).decode("utf-8")
+    except InputError as err:
+        raise UserError(f"the script on standard input is {err}", 2) from None
+    except UnicodeDecodeError as err:
+        raise UserError(f"the script on standard input is not UTF-8 text: {err}", 2) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -99,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
             return interactive.run(shell, Path(args.history) if args.history else None)
         # Each -c is a script of its own: a query without its full stop ends with the argument.
-        texts = args.commands or [sys.stdin.read()]
+        texts = args.commands or [_script_on_stdin()]
         try:
             statements = [stmt for text in texts for stmt in split(text)]
         except ValueError as err:

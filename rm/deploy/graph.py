@@ -21,6 +21,7 @@ the same numbers.
 
 from __future__ import annotations
 
+import graphlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -128,4 +129,19 @@ def parse_graph(data: Any) -> Graph:
         if (a, b) not in seen_edges:
             seen_edges.add((a, b))
             edges.append((a, b))
+    _refuse_cycles(edges)
     return Graph(tuple(ops), tuple(edges))
+
+
+def _refuse_cycles(edges: list[tuple[str, str]]) -> None:
+    """A query plan's dataflow is acyclic: GraphError naming a cycle (of two operators or more)."""
+    feeders: dict[str, set[str]] = {}
+    for a, b in edges:
+        feeders.setdefault(b, set()).add(a)
+    try:
+        graphlib.TopologicalSorter(feeders).prepare()
+    except graphlib.CycleError as err:
+        cycle = err.args[1]  # [first, ..., first], each operator feeding the next
+        shown = " -> ".join(repr(op) for op in cycle[:9]) + (" -> ..." if len(cycle) > 9 else "")
+        raise GraphError(f"edges: {shown} is a cycle of {len(cycle) - 1} operators; "
+                         "a plan's dataflow must be acyclic") from None

@@ -8,6 +8,7 @@ its text rendering; ``--format json`` prints the data instead.
 from __future__ import annotations
 
 import json
+import math
 import queue
 import time
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from cod.facts import text as facts_text
+from cod.facts.user_input import InputError, loads_json, read_bytes
 
 from . import render, skbviews
 from .errors import STATUS_ERROR, STATUS_OK, ShellError
@@ -282,7 +284,10 @@ def cmd_watch(shell: "Shell", cmd: Command) -> int:
         try:
             duration = float(cmd.args[0])
         except ValueError:
-            raise ShellError(f"SECONDS must be a number, not {cmd.args[0]!r}") from None
+            duration = math.nan
+        if not (math.isfinite(duration) and duration > 0):
+            raise ShellError(f"SECONDS must be a positive number of seconds, not {cmd.args[0]!r} "
+                             "(without it :watch goes on until Ctrl-C)")
     events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
     backend = shell.backend
     stop = backend.watch(events.put)
@@ -372,16 +377,22 @@ def cmd_load(shell: "Shell", cmd: Command) -> None:
     if len(cmd.args) != 1:
         raise ShellError("usage: :load FILE.pl")
     try:
-        text = Path(cmd.args[0]).expanduser().read_text(encoding="utf-8")
+        text = read_bytes(Path(cmd.args[0]).expanduser()).decode("utf-8")
     except OSError as err:
         raise ShellError(f"cannot read {cmd.args[0]}: {err.strerror}", kind="os") from None
+    except InputError as err:
+        raise ShellError(f"{cmd.args[0]}: {err}") from None
+    except UnicodeDecodeError as err:
+        raise ShellError(f"{cmd.args[0]}: not UTF-8 text: {err}") from None
     preds = shell.backend.add_procedure(text)
     shell.emit(cmd, {"predicates": preds}, [Text(f"Defined {', '.join(preds) or 'nothing'}.")])
 
 
 def _property_value(text: str) -> Any:
     try:
-        return json.loads(text)
+        return loads_json(text)
+    except InputError as err:
+        raise ShellError(f"the value {text[:20]!r}... is {err}") from None
     except ValueError:
         if "," in text:
             return [v for v in text.split(",") if v]
@@ -419,7 +430,9 @@ def cmd_rpc(shell: "Shell", cmd: Command) -> None:
     method = cmd.args[0]
     raw = _rest(cmd)[len(method):].strip()
     try:
-        params = json.loads(raw) if raw else {}
+        params = loads_json(raw) if raw else {}
+    except InputError as err:
+        raise ShellError(f"the parameters are {err}") from None
     except ValueError as err:
         raise ShellError(f"the parameters are not JSON: {err}") from None
     if not isinstance(params, dict):

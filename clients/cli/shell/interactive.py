@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 import termios
 import time
@@ -28,6 +29,8 @@ from prompt_toolkit.completion import CompleteEvent, Completer, Completion, Path
 from prompt_toolkit.document import Document
 from prompt_toolkit.history import FileHistory, History, InMemoryHistory
 from prompt_toolkit.key_binding import KeyBindings
+
+from cod.facts.user_input import MAX_INPUT_BYTES
 
 from .commands import COMMANDS, completion_words, prolog_words
 from .errors import STATUS_OK
@@ -51,10 +54,18 @@ def open_history(path: Path | None = None) -> tuple[History, str | None]:
     path = path or history_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and not path.is_file():  # before touch, which only root may do to /dev/zero
+            return InMemoryHistory(), f"History is not kept: {path} is not a regular file."
         path.touch(exist_ok=True)
-        return FileHistory(str(path)), None
+        info = path.stat()
     except OSError as err:
         return InMemoryHistory(), f"History is not kept: cannot write {path} ({err.strerror})."
+    # prompt_toolkit reads the whole file: not /dev/zero or a FIFO, and no more than any input (docs/security.md)
+    if not stat.S_ISREG(info.st_mode):
+        return InMemoryHistory(), f"History is not kept: {path} is not a regular file."
+    if info.st_size > MAX_INPUT_BYTES:
+        return InMemoryHistory(), f"History is not kept: {path} is over {MAX_INPUT_BYTES >> 20} MiB."
+    return FileHistory(str(path)), None
 
 
 class ShellCompleter(Completer):

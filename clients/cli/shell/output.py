@@ -4,6 +4,11 @@ Everything goes through rich consoles: colours only on a terminal (and not with
 ``NO_COLOR`` or ``--color never``), the terminal's width for folding, plain
 text otherwise.  Output taller than the terminal goes through the pager
 (``$PAGER``, else ``less``) when the shell is interactive and ``pager`` is on.
+
+Everything printed is terminal-safe (clients/cli/terminal.py): each text, and
+each cell of a :class:`SafeTable`, has its unprintable characters escaped before
+it is laid out, so a name holding an ESC shows as ``\x1b`` and the columns stay
+aligned.  JSON output is safe as it is (json.dumps escapes them).
 """
 
 from __future__ import annotations
@@ -15,12 +20,50 @@ from typing import IO, Any, Iterable
 
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
+from rich.table import Table
 from rich.text import Text
 
+from ..terminal import terminal_safe, terminal_safe_lines
 from .errors import Problem
 
 # The widest a line is made into a pipe (a table of very long values is folded beyond it).
 PIPE_MAX_WIDTH = 1000
+
+
+def safe_text(text: Text) -> Text:
+    """``text`` with its unprintable characters (newlines aside) escaped, each in the style it had."""
+    plain = text.plain
+    if plain.replace("\n", "").isprintable():
+        return text
+    cuts = sorted({i + d for i, ch in enumerate(plain) if not ch.isprintable() and ch != "\n" for d in (0, 1)})
+    out = text.blank_copy()
+    for part in text.divide(cuts):
+        if part.plain.isprintable() or part.plain == "\n":
+            out.append_text(part)
+            continue
+        escaped = Text(terminal_safe(part.plain), style=part.style)
+        for span in part.spans:  # a span over the one character it replaces covers its escape
+            escaped.stylize(span.style)
+        out.append_text(escaped)
+    return out
+
+
+def safe(item: RenderableType | None) -> RenderableType | None:
+    """What the shell prints, made terminal-safe: a text escaped; a SafeTable is already; the rest
+    (our own grids and rules) as it is."""
+    if isinstance(item, str):
+        return terminal_safe_lines(item)
+    if isinstance(item, Text):
+        return safe_text(item)
+    return item
+
+
+class SafeTable(Table):
+    """A rich Table whose cells are made terminal-safe as they are added."""
+
+    def add_row(self, *renderables: RenderableType | None, style: str | None = None,
+                end_section: bool = False) -> None:
+        super().add_row(*(safe(r) for r in renderables), style=style, end_section=end_section)
 
 
 class Output:
@@ -53,7 +96,7 @@ class Output:
     # -- text mode --
     def show(self, items: Iterable[RenderableType], *, page: bool = True) -> None:
         """Print renderables; through the pager when they are taller than an interactive terminal."""
-        items = list(items)
+        items = [safe(item) for item in items]
         if page and self._should_page(items):
             os.environ.setdefault("LESS", "-RFX")  # colours, quit when it fits, keep the screen
             with self.console.pager(styles=self.colour):
@@ -100,21 +143,23 @@ class Output:
         return False
 
     def line(self, text: str | Text = "", style: str | None = None) -> None:
-        self.console.print(text if isinstance(text, Text) else Text(text, style=style or ""))
+        self.console.print(safe_text(text) if isinstance(text, Text) else
+                           Text(terminal_safe_lines(text), style=style or ""))
         self.stdout.flush()
 
     def write_raw(self, text: str) -> None:
         """Text without a newline (the top level's answer prompts)."""
-        self.console.print(Text(text), end="")
+        self.console.print(Text(terminal_safe_lines(text)), end="")
         self.stdout.flush()
 
     def note(self, text: str) -> None:
-        self.err.print(Text(text, style="yellow"))
+        self.err.print(Text(terminal_safe_lines(text), style="yellow"))
 
     def problem(self, problem: Problem) -> None:
-        self.err.print(Text(f"Error: {problem.message}", style="bold red"))
+        """``Error: <message>``, one line whatever the message holds, then its detail lines."""
+        self.err.print(Text(f"Error: {terminal_safe(problem.message)}", style="bold red"))
         for line in problem.detail:
-            self.err.print(Text(line, style="red"))
+            self.err.print(Text(terminal_safe(line), style="red"))
         self.stderr.flush()
 
     # -- JSON mode --

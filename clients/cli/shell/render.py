@@ -23,6 +23,7 @@ from cod.facts.model import Machine
 from ..matrix import BUSY, FREE, HELD, NOT_HELD, RELEASING, MatrixRow, cpu_groups, legend, matrix_lines
 from ..plan_words import plan_sentence
 from .explain import cpus_text, explanation_lines
+from .output import SafeTable
 
 PALETTE = ("cyan", "magenta", "green", "yellow", "blue", "bright_red", "bright_cyan", "bright_magenta",
            "bright_green", "bright_yellow", "bright_blue", "red")
@@ -107,8 +108,8 @@ def allocation_view(machine: Machine, listing: dict[str, Any], width: int) -> li
 
 # ---- tables --------------------------------------------------------------------------------------
 def _table(colour: bool, *columns: str) -> Table:
-    return Table(*columns, box=box.SIMPLE_HEAD if colour else box.ASCII2, show_edge=colour,
-                 header_style="bold", pad_edge=False)
+    return SafeTable(*columns, box=box.SIMPLE_HEAD if colour else box.ASCII2, show_edge=colour,
+                     header_style="bold", pad_edge=False)
 
 
 def title(text: str) -> Text:
