@@ -113,6 +113,8 @@ class Planners:
         the time limit, out of memory, failed)."""
         request = b"".join((b'{"graph":', graph_json, b',"machine":', self._machine_json,
                             b',"time_limit_s":', json.dumps(self.limits.search_s).encode(), b"}"))
+        # -I: no PYTHON* variable, no current directory on the path (cod must be installed, as the
+        # daemon's own interpreter has it); -B: no bytecode written.
         proc = await asyncio.create_subprocess_exec(
             sys.executable, "-I", "-B", "-m", "cod.rm.deploy_worker", "--user", self.limits.user,
             "--parent", str(os.getpid()), "--memory", str(self.limits.memory_bytes),

@@ -37,7 +37,7 @@ OUT_OF_MEMORY = {"error": {"kind": "memory", "message": "the planner ran out of 
 
 
 def limit_self(memory: int, cpu_seconds: int) -> None:
-    """Step 1: the resource limits (soft = hard, so the process cannot raise them again)."""
+    """Step 1: the resource limits, hard ones too (the process cannot raise them again)."""
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_seconds, cpu_seconds + 1))  # SIGXCPU, then SIGKILL
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

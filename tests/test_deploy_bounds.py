@@ -9,6 +9,7 @@ import json
 import math
 import random
 import re
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +21,7 @@ from cod.rm.deploy.collapse import collapse
 from cod.rm.deploy.wire import WireError, check_plan, decode_plan, encode
 
 U = 1_000_000
+PLANS = Path(__file__).resolve().parent / "data" / "plans"
 
 
 def chain(n: int, util: float, blocking: bool = False, siblings: str | None = None) -> dict:
@@ -143,7 +145,7 @@ def test_counts_and_bytes_within_the_limits():
 @pytest.fixture(scope="module")
 def tpcw():
     m = machines.load("magnycours")
-    graph = parse_graph(json.loads(open("tests/data/plans/tpcw_magnycours.json").read()))
+    graph = parse_graph(json.loads((PLANS / "tpcw_magnycours.json").read_text()))
     return deploy(graph, m, Options(time_limit_s=0.5)), graph, m
 
 

@@ -176,7 +176,7 @@ def test_a_plan_that_cannot_fit_is_refused_before_planning(where, graph, max_cor
 
 # ---- the planner process --------------------------------------------------------------------
 def test_the_planner_is_an_unprivileged_bounded_process_killed_at_its_time_limit(where):
-    timeout = round(load_scaled(15))
+    timeout = round(load_scaled(8))
     d = magny(where, "deploy_time_limit_s=5", f"deploy_plan_timeout_s={timeout}")
     try:
         conn = connect(d.path, "slow", "t")
