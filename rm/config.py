@@ -104,6 +104,14 @@ class RMConfig:
     solver: str = "cpsat"                # cpsat (greedy fallback on time limit) | greedy | naive
     solver_time_limit_s: float = 1.0
     deploy_time_limit_s: float = 0.5     # deploy_plan: each exact search (CP-SAT) of the plan deployment
+    # ---- deploy_plan is bounded (docs/security.md, "deploy_plan") ----
+    deploy_max_operators: int = 2048     # operators in one graph ...
+    deploy_max_edges: int = 8192         # ... edges ...
+    deploy_max_graph_bytes: int = 512 << 10  # ... and bytes of it as compact JSON (more: -32031)
+    deploy_plan_timeout_s: float = 10.0  # a planner process's whole run, start-up included (then killed: -32071)
+    deploy_memory_limit_bytes: int = 1 << 30  # a planner process's address space (RLIMIT_AS; reached: -32031)
+    deploy_plans_per_uid: int = 1        # plans one unprivileged uid may have in the making at once (more: -32070)
+    deploy_max_planners: int = 2         # planner processes at once, all uids together (more: -32070)
 
     def socket_path(self) -> str:
         return self.socket or default_socket_path()

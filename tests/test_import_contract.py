@@ -34,6 +34,7 @@ PURE_POLICY = (
     # the deploy planner; its measurements (cod.rm.deploy.measure: perf, /proc, compilers) are mechanism
     "cod.rm.deploy.binpack", "cod.rm.deploy.collapse", "cod.rm.deploy.densest", "cod.rm.deploy.errors",
     "cod.rm.deploy.graph", "cod.rm.deploy.numa", "cod.rm.deploy.plan", "cod.rm.deploy.render",
+    "cod.rm.deploy.screen", "cod.rm.deploy.wire",
 )
 ENFORCEMENT = ("cod.rm.enforce", "cod.facts.procfs")  # the /proc reader is mechanism, wherever it lives
 TRANSPORT = ("socket", "socketserver", "selectors", "ssl", "asyncio", "pyroute2", "cod.client",

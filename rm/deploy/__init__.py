@@ -13,12 +13,13 @@ For the RM::
 """
 
 from .collapse import Compound, collapse
-from .errors import DeployError, GraphError, InfeasibleError
+from .errors import DeployError, GraphError, GraphTooLarge, InfeasibleError
 from .graph import UTIL_SCALE, Graph, Operator, parse_graph
 from .plan import COMM_LEN, Cluster, DeployPlan, Options, bind, comm_key, deploy
+from .screen import Demand, GraphLimits, check_bytes, check_size, quick_demand
 
 __all__ = [
-    "COMM_LEN", "Cluster", "Compound", "DeployError", "DeployPlan", "Graph", "GraphError",
-    "InfeasibleError", "Operator", "Options", "UTIL_SCALE", "bind", "collapse", "comm_key",
-    "deploy", "parse_graph",
+    "COMM_LEN", "Cluster", "Compound", "Demand", "DeployError", "DeployPlan", "Graph", "GraphError",
+    "GraphLimits", "GraphTooLarge", "InfeasibleError", "Operator", "Options", "UTIL_SCALE", "bind", "check_bytes",
+    "check_size", "collapse", "comm_key", "deploy", "parse_graph", "quick_demand",
 ]

@@ -21,8 +21,9 @@ from typing import Any, Sequence
 
 Bins = list[list[int]]
 
-# Beyond this many item x bin booleans building the exact model alone takes seconds:
-# the exact search is skipped (FFD's answer stands, with the lower bound beside it).
+# Beyond this many item x bin booleans building an exact model alone takes seconds (and its
+# memory grows with the product: a 1,400 x 1,400 epilogue took 2 GB): the exact search and the
+# epilogue are skipped (FFD's answer stands, with the lower bound beside it).
 EXACT_MAX_VARS = 20_000
 
 
@@ -180,10 +181,11 @@ def balance(
 ) -> Balanced:
     """The load-balancing epilogue: keep ``len(bins)`` bins, minimise the largest
     load, then maximise the smallest.  ``moved`` counts the items that left the
-    FFD bin they share most with (bins are unlabelled)."""
+    FFD bin they share most with (bins are unlabelled).  Skipped (the bins as
+    given) beyond EXACT_MAX_VARS item x bin booleans."""
     groups = list(groups or [frozenset()] * len(sizes))
     loads = [sum(sizes[i] for i in b) for b in bins]
-    if len(bins) < 2 or any(s > capacity for s in sizes):
+    if len(bins) < 2 or any(s > capacity for s in sizes) or len(sizes) * len(bins) > EXACT_MAX_VARS:
         return Balanced([list(b) for b in bins], max(loads, default=0), max(loads, default=0),
                         min(loads, default=0), min(loads, default=0), 0, "skipped")
 
@@ -237,15 +239,15 @@ def _balance_model(sizes: Sequence[int], capacity: int, groups: Sequence[frozens
     load = [m.new_int_var(0, capacity, f"l{b}") for b in range(n_bins)]
     for i in range(n):
         m.add_exactly_one(x[i, b] for b in range(n_bins))
+    by_group: dict[str, list[int]] = {}
+    for i in range(n):
+        for name in groups[i]:
+            by_group.setdefault(name, []).append(i)
+    siblings = [members for members in by_group.values() if len(members) > 1]
     for b in range(n_bins):
         m.add(load[b] == sum(sizes[i] * x[i, b] for i in range(n)))
-        by_group: dict[str, list[int]] = {}
-        for i in range(n):
-            for name in groups[i]:
-                by_group.setdefault(name, []).append(i)
-        for members in by_group.values():
-            if len(members) > 1:
-                m.add_at_most_one(x[i, b] for i in members)
+        for members in siblings:
+            m.add_at_most_one(x[i, b] for i in members)
     # Bounds that let the solver prove optimality: the average load lies between them.
     total = sum(sizes)
     hi = m.new_int_var(max(-(-total // n_bins), max(sizes)), capacity, "max")
@@ -274,9 +276,15 @@ def _balance_solver(seconds: float) -> Any:
 
 def _moved(old: Bins, new: Bins) -> int:
     """Items not in the bin that best matches their old bin (bins are unlabelled)."""
-    # Match each new bin to the old bin it shares most items with, greedily.
-    pairs = sorted(((len(set(o) & set(nw)), oi, ni) for oi, o in enumerate(old) for ni, nw in enumerate(new)),
-                   reverse=True)
+    # Match each new bin to the old bin it shares most items with, greedily; only pairs that share
+    # an item are counted (as many as there are items, not old x new bins).
+    old_bin = {i: oi for oi, o in enumerate(old) for i in o}
+    shared: dict[tuple[int, int], int] = {}
+    for ni, nw in enumerate(new):
+        for i in nw:
+            key = (old_bin[i], ni)
+            shared[key] = shared.get(key, 0) + 1
+    pairs = sorted(((c, oi, ni) for (oi, ni), c in shared.items()), reverse=True)
     used_o: set[int] = set()
     used_n: set[int] = set()
     kept = 0

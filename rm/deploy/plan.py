@@ -29,6 +29,7 @@ from .densest import Choice, Interconnect, densest, interconnect
 from .errors import DeployError, InfeasibleError
 from .graph import UTIL_SCALE, Graph
 from .numa import NodeSlots, capacity_order, clamp, exact_min_nodes, ffd_nodes, node_slots
+from .screen import demand_of
 
 # Linux truncates thread names (comm) to 15 bytes.
 COMM_LEN = 15
@@ -195,14 +196,22 @@ def _gbs(bw: int | None) -> str:
 
 
 def deploy(graph: Graph, machine: Machine, options: Options = Options()) -> DeployPlan:
-    """Run the four phases; InfeasibleError when the machine cannot hold the plan."""
+    """Run the four phases; InfeasibleError when the machine cannot hold the plan, as soon as that
+    is known: after phase 1 when no packing could fit (the lower bound), before the epilogue when
+    the packing found does not."""
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     notes: list[str] = []
     warnings: list[str] = []
     cap = round(options.capacity * UTIL_SCALE)
+    usable = set(machine.cpu_ids()) - set(options.unavailable)
+    available = _usable_count(machine, usable, options)
 
     compounds = _phase1(graph, cap, notes, warnings)
+    need = demand_of(compounds, cap)
+    if need.cores > available:
+        raise InfeasibleError(f"the plan needs {need.cores} cores; {machine.name} has {available} usable "
+                              f"(no packing needs fewer: {need.why})")
     t1 = time.perf_counter()
     timings["phase1"] = (t1 - t0) * 1e3
 
@@ -212,12 +221,11 @@ def deploy(graph: Graph, machine: Machine, options: Options = Options()) -> Depl
     t2 = time.perf_counter()
     timings["phase2"] = (t2 - t1) * 1e3
 
-    bins, bal = _epilogue(sizes, groups, cap, ffd_bins, exact, options, notes)
+    bins, bal = _epilogue(sizes, groups, cap, ffd_bins, exact, options, notes, (machine.name, available))
     t3 = time.perf_counter()
     timings["balance"] = (t3 - t2) * 1e3
 
     clusters = _clusters(compounds, bins, notes)
-    usable = set(machine.cpu_ids()) - set(options.unavailable)
     placed, numa, more_notes, more_warnings, ph = _place(clusters, machine, usable, options)
     notes += more_notes
     warnings += more_warnings
@@ -240,6 +248,13 @@ def deploy(graph: Graph, machine: Machine, options: Options = Options()) -> Depl
         explanation=tuple(notes),
         timings_ms=timings,
     )
+
+
+def _usable_count(machine: Machine, usable: set[int], options: Options) -> int:
+    """The most clusters ``usable`` can hold: one per hardware thread (SMT siblings included)."""
+    return sum(len(s.cpus) for s in node_slots(machine, usable, use_smt=True,
+                                                  bandwidth_override=options.node_bandwidth,
+                                                  override_source=options.node_bandwidth_source))
 
 
 def _phase1(graph: Graph, cap: int, notes: list[str], warnings: list[str]) -> list[Compound]:
@@ -286,13 +301,16 @@ def _phase2(compounds: Sequence[Compound], sizes: list[int], groups: list[frozen
 
 
 def _epilogue(sizes: list[int], groups: list[frozenset[str]], cap: int, ffd_bins: binpack.Bins,
-              exact: binpack.Exact, options: Options, notes: list[str]
+              exact: binpack.Exact, options: Options, notes: list[str], room: tuple[str, int]
               ) -> tuple[binpack.Bins, binpack.Balanced | None]:
-    """The bins deployed: FFD's or the exact packing's, balanced when asked (the epilogue)."""
+    """The bins deployed: FFD's or the exact packing's, balanced when asked (the epilogue);
+    InfeasibleError first when they are more than ``room`` (machine name, usable CPUs) holds."""
     bins = [list(b) for b in ffd_bins]
     if options.prefer_exact and exact.bins is not None and len(exact.bins) < len(ffd_bins):
         bins = [list(b) for b in exact.bins]
         notes.append(f"  deployed on the exact packing's {len(bins)} cores, not FFD's {len(ffd_bins)}")
+    if len(bins) > room[1]:
+        raise InfeasibleError(f"the plan needs {len(bins)} cores; {room[0]} has {room[1]} usable")
     bal = None
     if options.balance:
         bal = binpack.balance(sizes, cap, groups, bins, time_limit_s=options.time_limit_s)
