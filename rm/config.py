@@ -45,6 +45,7 @@ class RMConfig:
     max_connections_per_uid: int = 64
     reserved_privileged_connections: int = 64  # of max_connections, only for root and the daemon's user
     max_subscriptions_per_connection: int = 1024
+    max_subscriptions_per_uid: int = 4096  # over all connections of an unprivileged uid (its tasks' own included)
     max_batch_calls: int = 256
     max_tasks_per_uid: int = 256
     max_apps_per_uid: int = 64          # application names a uid may hold, persistent ones included
