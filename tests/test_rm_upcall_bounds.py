@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cod.protocol import jsonrpc as rpc
+from cod.protocol.framing import encode
 from helpers.upcall_load import (SLOW_SETTINGS, SUBSCRIBER_UIDS, AsUser, ConditionWatcher, hold_subscriptions,
                                  register_seconds, slow_conditions)
 from test_rm_support import NOBODY, RawConn, as_user, shared_dir, start_daemon
@@ -69,6 +70,35 @@ def test_a_subscriber_that_never_reads_is_cut_off_within_the_write_timeout(tmp_p
         assert "write_timeout_s" in cut[0], cut
         held = int(re.search(r"\((\d+) bytes unread\)", cut[0]).group(1))
         assert 0 < held <= 8 << 20, cut
+    finally:
+        d.stop()
+
+
+def test_a_client_that_pipelines_requests_and_never_reads_the_replies_is_cleaned_up(tmp_path):
+    """Before, the daemon closed such a connection but never cleaned it up: its reader waited for
+    room in the connection's full request queue, whose worker had stopped (its facts stayed)."""
+    d = daemon(tmp_path, "write_timeout_s=1")
+    try:
+        greedy = RawConn(d.path)
+        greedy.hello("greedy")
+        assert "result" in greedy.call("add_facts", {"facts": ["held(1)"]})
+        calls = b"".join(encode({"jsonrpc": "2.0", "id": i, "method": "execute_query",
+                                 "params": {"goal": "length(L, 20000), maplist(=(x), L)"}})
+                         for i in range(100, 300))  # 200 replies of 80 kB: more than the queue and the kernel hold
+        greedy.sock.setblocking(False)
+        sent, deadline = 0, time.monotonic() + 10
+        while sent < len(calls) and time.monotonic() < deadline:
+            try:
+                sent += greedy.sock.send(calls[sent:])
+            except BlockingIOError:
+                time.sleep(0.01)
+        other = RawConn(d.path)
+        other.hello("greedy")
+        deadline = time.monotonic() + 15
+        while other.call("execute_query", {"goal": "held(X)"})["result"]["solutions"]:
+            assert time.monotonic() < deadline, "the connection that read nothing was never cleaned up"
+            time.sleep(0.1)
+        assert "write_timeout_s" in d.log_text()
     finally:
         d.stop()
 
