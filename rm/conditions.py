@@ -4,7 +4,10 @@ Pure rules, no I/O: :func:`step` takes a condition and the result of its
 latest evaluation and says what to tell the subscriber (the goal became true,
 with the bindings of its first solution, or false again) or whether to drop
 it (it kept failing with errors).  The ResourceManager evaluates the goals
-after each change of what they can read and carries the outcomes out.
+after each change of what they can read and carries the outcomes out: one
+application's in one round under its own time budget in the SKB, where the
+goals a round had no time left for are ``skipped`` and go first in the next
+(:meth:`ConditionWatch.of_app`).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Condition:
     goal: str
     state: bool | None = None  # None: not evaluated yet
     errors: int = 0
+    skipped: int = 0  # rounds in a row that ended before its turn
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,12 @@ class Outcome:
 
 
 def step(cond: Condition, result: dict[str, Any]) -> Outcome:
-    """Apply one evaluation result ({"bindings": ...} | {"none": true} | {"error": {...}}) to ``cond``."""
+    """Apply one evaluation result ({"bindings": ...} | {"none": true} | {"error": {...}} |
+    {"skipped": true}: its round's budget was spent before its turn) to ``cond``."""
+    if "skipped" in result:
+        cond.skipped += 1
+        return Outcome()
+    cond.skipped = 0
     if "error" in result:
         cond.errors += 1
         if cond.errors >= MAX_ERRORS:
@@ -56,7 +65,9 @@ class ConditionWatch:
     conditions: dict[int, Condition] = field(default_factory=dict)
 
     def of_app(self, app: str) -> list[Condition]:
-        return [c for c in self.conditions.values() if c.app == app]
+        """The application's conditions in the order of its next round: those skipped longest
+        first, then in the order they were made (so every one has its turn)."""
+        return sorted((c for c in self.conditions.values() if c.app == app), key=lambda c: -c.skipped)
 
     def apps(self) -> set[str]:
         return {c.app for c in self.conditions.values()}

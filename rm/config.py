@@ -46,6 +46,7 @@ class RMConfig:
     max_connections_per_uid: int = 64
     reserved_privileged_connections: int = 64  # of max_connections, only for root and the daemon's user
     max_subscriptions_per_connection: int = 1024
+    max_subscriptions_per_uid: int = 4096  # over all connections of an unprivileged uid (its tasks' own included)
     max_batch_calls: int = 256
     max_tasks_per_uid: int = 256
     max_apps_per_uid: int = 64          # application names a uid may hold, persistent ones included
@@ -98,6 +99,7 @@ class RMConfig:
     never_confine: str = "systemd,sshd,init,cod"  # comms (comma separated) never confined
     recompute_interval_s: float = 0.0    # periodic recomputation; 0: only on changes
     condition_timeout_s: float = 0.05    # time limit of one evaluation of a condition or derived property
+    condition_round_s: float = 0.5       # an application's round of them in the SKB: none starts after it
     refresh_interval_s: float = 1.0      # live state (load, free memory, task CPU use and pages) into the SKB
     elastic_facts_refresh_s: float = 10.0  # a steady elastic group's facts are rewritten at most this often ...
     elastic_facts_load_step: float = 5.0  # ... unless its load moved by this many points (cores, state, transitions: at once)

@@ -414,9 +414,9 @@ async def subscribe(rm: ResourceManager, conn: Connection, p: Params) -> Any:
         ok = isinstance(value, str) or (isinstance(value, list) and all(isinstance(v, str) for v in value))
         if not ok:
             raise RpcError(INVALID_PARAMS, f"subscribe: filter {key!r} must be a string or a list of strings")
-    if len(conn.subscriptions) >= rm.cfg.max_subscriptions_per_connection:
-        raise RpcError(rpc.QUOTA_EXCEEDED, f"subscribe: this connection has {len(conn.subscriptions)} subscriptions; "
-                                           f"the limit is {rm.cfg.max_subscriptions_per_connection}")
+    too_many = rm.sessions.subscription_refusal(conn)
+    if too_many is not None:
+        raise RpcError(rpc.QUOTA_EXCEEDED, f"subscribe: {too_many}")
     if event == "condition":
         goal = filt.get("goal")
         if not isinstance(goal, str):

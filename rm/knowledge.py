@@ -7,7 +7,11 @@
 * **What is derived from the SKB**, evaluated again whenever what it reads
   changes (:meth:`Knowledge.changed`): derived task properties (a change
   becomes an update of the task, :mod:`.admission`) and condition
-  subscriptions (:mod:`.conditions` decides when to notify).
+  subscriptions (:mod:`.conditions` decides when to notify).  Each application
+  is evaluated in rounds of its own (one SKB call, for its owner's uid, under
+  ``condition_round_s``): one application's slow conditions delay only its own
+  upcalls, and the SKB's per-uid shares keep one uid's rounds from taking the
+  threads of the others.
 
 The allocation's own facts are not written here: the publisher writes them
 (:mod:`.publisher`).
@@ -77,6 +81,8 @@ def derived_results(derived: dict[str, Derived], results: list[dict[str, Any]]) 
     values: dict[str, int] = {}
     errors: Errors = {}
     for (key, d), result in zip(derived.items(), results):
+        if "skipped" in result:
+            continue  # its round ran out of time before it: the last value stands until the next
         if "error" in result:
             err = SKBError(str(result["error"].get("code", "engine")), str(result["error"].get("message", "")),
                            result["error"].get("data") or {})
@@ -113,10 +119,11 @@ class Knowledge:
         self.conditions = ConditionWatch()
         self.schedule: Callable[[str], int] = lambda reason: 0  # a recomputation (cod.rm.admission)
         self.respec: Respec | None = None  # new properties for a task (cod.rm.admission)
+        self.privileged_uid: Callable[[int], bool] = lambda uid: uid == 0  # (cod.rm.sessions)
         self.closing = False
         self._uid_locks: dict[int, asyncio.Lock] = {}
-        self._dirty: set[str] | None = set()
-        self._deriving: asyncio.Task[None] | None = None
+        self._pending: dict[str, bool] = {}  # application -> its next round (True: derived properties too)
+        self._rounds: dict[str, asyncio.Task[None]] = {}  # application -> the task running its rounds
 
     def uid_lock(self, uid: int) -> asyncio.Lock:
         """Writes of one uid are serialised, so its quota cannot be passed by two at once."""
@@ -205,30 +212,46 @@ class Knowledge:
         """What the SKB holds changed for ``apps`` (None: system facts or live state, so everyone's):
         derived task properties and condition subscriptions of those applications are evaluated
         again, soon, all of one application in one SKB call."""
-        if self._dirty is None or apps is None:
-            self._dirty = None
-        else:
-            self._dirty |= apps
-        if self._deriving is None or self._deriving.done():
-            self._deriving = asyncio.get_running_loop().create_task(self._derive_loop())
+        watched = {t.app for t in self.registry.tasks.values() if t.derived} | self.conditions.apps()
+        self._evaluate_again(watched if apps is None else watched & apps, derived=True)
 
-    async def _derive_loop(self) -> None:
-        while not self.closing and (self._dirty is None or self._dirty):
-            dirty, self._dirty = self._dirty, set()
-            apps = {t.app for t in self.registry.tasks.values() if t.derived} | self.conditions.apps()
-            if dirty is not None:
-                apps &= dirty
-            await asyncio.gather(*(self._derive_app(app) for app in sorted(apps)), return_exceptions=True)
+    def _evaluate_again(self, apps: set[str], *, derived: bool) -> None:
+        """A round for each of ``apps``: now, or after the round it is in (never two at once)."""
+        if self.closing:
+            return
+        loop = asyncio.get_running_loop()
+        for app in sorted(apps):
+            self._pending[app] = derived or self._pending.get(app, False)
+            if app not in self._rounds:
+                self._rounds[app] = loop.create_task(self._rounds_of(app))
 
-    async def _derive_app(self, app: str) -> None:
-        tasks = [t for t in self.registry.tasks.values() if t.app == app and t.derived]
+    async def _rounds_of(self, app: str) -> None:
+        """The rounds of one application, one after another, until none is pending."""
+        try:
+            while not self.closing and app in self._pending:
+                derived = self._pending.pop(app)
+                try:
+                    await self._derive_app(app, derived)
+                except Exception:
+                    log.exception("evaluating the conditions and derived properties of %s", app)
+        finally:
+            self._rounds.pop(app, None)
+
+    def _client_of(self, app: str) -> tuple[int, bool] | None:
+        """Whom an application's rounds run for in the SKB: its owner (None: nobody owns it)."""
+        owner = self.registry.app_owner.get(app)
+        return None if owner is None else (owner, self.privileged_uid(owner))
+
+    async def _derive_app(self, app: str, derived: bool) -> None:
+        tasks = [t for t in self.registry.tasks.values() if t.app == app and t.derived] if derived else []
         conds = self.conditions.of_app(app)
         queries: list[tuple[str, str | None]] = [(d.goal, d.var) for t in tasks for d in t.derived.values()]
         queries += [(c.goal, None) for c in conds]
         if not queries:
             return
         try:
-            results = await self.skb.evaluate(app, Staged(), queries, timeout_s=self.cfg.condition_timeout_s)
+            results = await self.skb.evaluate(app, Staged(), queries, timeout_s=self.cfg.condition_timeout_s,
+                                              round_limit_s=self.cfg.condition_round_s, client=self._client_of(app))
         except SKBError as err:
             results = [{"error": err.to_dict()}] * len(queries)
         k = 0
@@ -284,7 +307,8 @@ class Knowledge:
         """Subscribe ``conn`` to ``goal`` turning true and false; a goal that cannot run is refused now."""
         app = app_of(conn)
         [result] = await skb_call(self.skb.evaluate(app, Staged(), [(goal, None)],
-                                                    timeout_s=self.cfg.condition_timeout_s))
+                                                    timeout_s=self.cfg.condition_timeout_s,
+                                                    client=(conn.peer.uid, conn.privileged)))
         if "error" in result:
             err = skb_rpc_error(SKBError(str(result["error"].get("code", "engine")),
                                          str(result["error"].get("message", "")), result["error"].get("data") or {}))
@@ -305,18 +329,4 @@ class Knowledge:
     def allocation_changed(self) -> None:
         """The allocation changed: conditions may read it (derived properties do not follow it,
         which would feed the allocation back into itself)."""
-        if not self.conditions.conditions:
-            return
-
-        async def run() -> None:
-            for app in sorted(self.conditions.apps()):
-                conds = self.conditions.of_app(app)
-                try:
-                    results = await self.skb.evaluate(app, Staged(), [(c.goal, None) for c in conds],
-                                                      timeout_s=self.cfg.condition_timeout_s)
-                except SKBError as err:
-                    results = [{"error": err.to_dict()}] * len(conds)
-                for cond, result in zip(conds, results):
-                    self._condition_result(cond, result)
-
-        self.jobs.spawn(run())
+        self._evaluate_again(self.conditions.apps(), derived=False)

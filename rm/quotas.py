@@ -16,7 +16,7 @@ from cod.skb.codec import Limits
 
 from . import shown
 from .config import PRIORITY_MAX, PRIORITY_MIN, RMConfig
-from .registry import Registry, Usage
+from .registry import Connection, Registry, Usage
 
 
 def write_limits(cfg: RMConfig, registry: Registry, app: str, uid: int) -> Limits:
@@ -94,4 +94,34 @@ def group_refusal(cfg: RMConfig, registry: Registry, uid: int, privileged: bool,
     if held + min_cores > budget:
         return (f"uid {uid} would reserve {held + min_cores} cores with min_cores; an unprivileged uid may "
                 f"reserve at most {budget} of the {n_cpus} CPUs (setting unprivileged_max_cores)")
+    return None
+
+
+def subscription_refusal(cfg: RMConfig, registry: Registry, conn: Connection) -> str | None:
+    """Why ``conn`` may not make one more subscription (None: it may).
+
+    Every connection is bounded; an unprivileged uid also over all its connections, so that
+    opening more connections does not multiply what it may hold."""
+    held = len(conn.subscriptions)
+    if held >= cfg.max_subscriptions_per_connection:
+        return (f"this connection has {held} subscriptions; the limit is "
+                f"{cfg.max_subscriptions_per_connection} (max_subscriptions_per_connection)")
+    if conn.privileged:
+        return None
+    total = registry.uid_subscriptions(conn.peer.uid)
+    if total >= cfg.max_subscriptions_per_uid:
+        return (f"uid {conn.peer.uid} has {total} subscriptions over its connections; the limit is "
+                f"{cfg.max_subscriptions_per_uid} (max_subscriptions_per_uid): unsubscribe some first")
+    return None
+
+
+def output_refusal(cfg: RMConfig, unsent_bytes: int, waited_s: float | None) -> str | None:
+    """Why a peer is disconnected for what it does not read (None: it is not): the bytes the daemon
+    holds for it (replies and upcalls alike), and how long the oldest of them has waited."""
+    if unsent_bytes > cfg.max_output_buffer_bytes:
+        return (f"{unsent_bytes} bytes queued for it are unread; the limit is {cfg.max_output_buffer_bytes} "
+                f"(max_output_buffer_bytes)")
+    if waited_s is not None and waited_s >= cfg.write_timeout_s:
+        return (f"what was sent to it {waited_s:.1f} s ago is still unread; the limit is "
+                f"{cfg.write_timeout_s:g} s (write_timeout_s)")
     return None

@@ -66,6 +66,62 @@ class Subscription:
                     return False
         return True
 
+    def index_entries(self) -> list[tuple[str, str | None, str | None]]:
+        """Where :class:`SubscriptionIndex` files it: (event, key, value) for each value its filter
+        wants of its most selective key, or (event, None, None) when it filters nothing."""
+        for key in INDEX_KEYS:
+            if key in self.filter:
+                wanted = self.filter[key]
+                values = [wanted] if isinstance(wanted, str) else wanted
+                return list(dict.fromkeys((self.event, key, v) for v in values))
+        return [(self.event, None, None)]
+
+
+# The filter keys subscriptions are indexed by, the most selective first (one per subscription).
+INDEX_KEYS = ("task", "goal", "app", "predicate", "scope")
+
+
+class SubscriptionIndex:
+    """Subscriptions by event and by a value of their filter, so that an event is tested against
+    the few subscriptions that may want it, not against every one (16,384 subscriptions of one
+    uid that matched nothing made each of root's registrations scan them all, several times)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[str, str | None, str | None], dict[int, Subscription]] = {}
+        self._keys: dict[str, Counter[str | None]] = {}  # event -> its index keys in use
+
+    def add(self, sub: Subscription) -> None:
+        for entry in sub.index_entries():
+            self._entries.setdefault(entry, {})[sub.id] = sub
+            self._keys.setdefault(sub.event, Counter())[entry[1]] += 1
+
+    def remove(self, sub: Subscription) -> None:
+        for entry in sub.index_entries():
+            subs = self._entries.get(entry)
+            if subs is None or subs.pop(sub.id, None) is None:
+                continue
+            if not subs:
+                del self._entries[entry]
+            keys = self._keys[sub.event]
+            keys[entry[1]] -= 1
+            if keys[entry[1]] <= 0:
+                del keys[entry[1]]
+
+    def candidates(self, event: str, payload: dict[str, Any]) -> list[Subscription]:
+        """The subscriptions to ``event`` that could match ``payload``, in the order they were made."""
+        found: dict[int, Subscription] = {}
+        for key in self._keys.get(event, ()):
+            if key is None:
+                values: list[Any] = [None]
+            elif key == "predicate":
+                values = [n for n in payload.get("predicates", ()) if isinstance(n, str)]
+            else:
+                have = payload.get(key)
+                values = [have] if isinstance(have, str) else []
+            for value in values:
+                found.update(self._entries.get((event, key, value), {}))
+        return [found[i] for i in sorted(found)]
+
 
 @dataclass
 class Task:
@@ -103,6 +159,7 @@ class Connection:
     subscriptions: set[int] = field(default_factory=set)
     token: str | None = None  # the capability of its direct query channel
     send: Callable[[dict[str, Any]], None] | None = None  # queues one message to the peer
+    write: Callable[[bytes], None] | None = None  # queues encoded frames to the peer
 
 
 @dataclass
@@ -131,6 +188,7 @@ class Registry:
         self.connections: dict[int, Connection] = {}
         self.tasks: dict[str, Task] = {}
         self.subscriptions: dict[int, Subscription] = {}
+        self._subscription_index = SubscriptionIndex()
         self.app_owner: dict[str, int] = {}  # application name -> the uid that owns it
         self.usage: dict[str, Usage] = {}  # application -> what it holds in the SKB
         # Processes whose registration is under way: pinned before the task is in ``tasks``, and
@@ -152,6 +210,10 @@ class Registry:
     def uid_connections(self, uid: int) -> int:
         return sum(1 for c in self.connections.values() if c.peer.uid == uid)
 
+    def uid_subscriptions(self, uid: int) -> int:
+        """Subscriptions held by the connections of ``uid`` (conditions and tasks' own included)."""
+        return sum(len(c.subscriptions) for c in self.connections.values() if c.peer.uid == uid)
+
     def remove_connection(self, conn_id: int) -> tuple[list[Task], Connection | None]:
         """Forget a connection and everything it owned; returns its tasks (now gone) and itself."""
         conn = self.connections.pop(conn_id, None)
@@ -159,7 +221,9 @@ class Registry:
             return [], None
         gone = [self.tasks.pop(name) for name in sorted(conn.tasks) if name in self.tasks]
         for sid in conn.subscriptions:
-            self.subscriptions.pop(sid, None)
+            sub = self.subscriptions.pop(sid, None)
+            if sub is not None:
+                self._subscription_index.remove(sub)
         return gone, conn
 
     # ---- application names -----------------------------------------------------------------
@@ -228,6 +292,7 @@ class Registry:
         sub = Subscription(self._next_sub, conn.id, event, dict(filt))
         self._next_sub += 1
         self.subscriptions[sub.id] = sub
+        self._subscription_index.add(sub)
         conn.subscriptions.add(sub.id)
         return sub
 
@@ -236,8 +301,10 @@ class Registry:
         if sub is None or sub.conn_id != conn.id:
             return False
         del self.subscriptions[sub_id]
+        self._subscription_index.remove(sub)
         conn.subscriptions.discard(sub_id)
         return True
 
     def subscribers(self, event: str, payload: dict[str, Any]) -> list[Subscription]:
-        return [s for s in self.subscriptions.values() if s.event == event and s.matches(event, payload)]
+        """The subscriptions ``event`` with ``payload`` matches, in the order they were made."""
+        return [s for s in self._subscription_index.candidates(event, payload) if s.matches(event, payload)]

@@ -84,6 +84,7 @@ class ResourceManager:
         self.publisher.on_announced.append(self.knowledge.allocation_changed)
         self.knowledge.schedule = self.admission.schedule
         self.knowledge.respec = self.admission.respec
+        self.knowledge.privileged_uid = self.sessions.privileged_uid
         self.sessions.forget_task = self.admission.forget
         self.sessions.schedule = self.admission.schedule
 

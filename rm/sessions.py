@@ -55,6 +55,10 @@ class Sessions:
             return f"uid {peer.uid} already has {self.cfg.max_connections_per_uid} connections (max_connections_per_uid)"
         return None
 
+    def subscription_refusal(self, conn: Connection) -> str | None:
+        """Why ``conn`` may not make one more subscription (None: it may)."""
+        return quotas.subscription_refusal(self.cfg, self.registry, conn)
+
     def name_refusal(self, conn: Connection, app: str) -> str | None:
         """Why ``conn`` may not use (or read) application ``app`` (None: it may)."""
         return self.registry.name_refusal(conn.peer.uid, app, conn.privileged)

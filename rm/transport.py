@@ -9,7 +9,11 @@ Every peer is bounded in time as well (docs/design-rm.md, "Threat model"): it
 must say hello within ``hello_timeout_s``; once a frame has begun, its bytes
 must arrive within ``frame_timeout_s``; what the daemon sends must be read
 within ``write_timeout_s``.  A peer that does not is disconnected, with a
-reason when it can still read one.  Who may connect at all (per-uid caps,
+reason when it can still read one.  What is sent (replies and upcalls alike)
+goes through one door, :meth:`Transport.write`, under one bound: a peer for
+which the daemon holds more than ``max_output_buffer_bytes``, or bytes that
+waited ``write_timeout_s`` (:class:`Backlog`), is disconnected, and its
+state is cleaned up as when it leaves.  Who may connect at all (per-uid caps,
 the share kept for root) is asked of the ResourceManager.
 Everything about what a request *means* lives in `cod.rm.handlers`.
 """
@@ -25,6 +29,8 @@ import pwd
 import socket
 import stat
 import struct
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from cod.protocol.errors import CodError
@@ -42,7 +48,7 @@ from cod.protocol.jsonrpc import (
     response,
 )
 
-from . import shown
+from . import quotas, shown
 from .config import RMConfig
 from .registry import Connection, Peer
 
@@ -50,6 +56,9 @@ log = logging.getLogger("cod.rm.transport")
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 READ_CHUNK = 256 << 10
+# Messages queued within this time of each other count as queued at the first one's time: a
+# peer's backlog keeps a few marks per second, not one per message.
+BACKLOG_GRAIN_S = 0.05
 
 
 class SocketInUse(CodError):
@@ -97,6 +106,41 @@ def apply_socket_permissions(path: str, cfg: RMConfig) -> None:
     os.chmod(path, cfg.socket_mode)
 
 
+class Backlog:
+    """How long the bytes queued for one peer have waited to be taken by the kernel (no I/O: the
+    transport says how many it still holds).  Only what did not go out at once is remembered."""
+
+    def __init__(self) -> None:
+        self._queued = 0  # bytes queued since the connection began
+        self._marks: deque[tuple[int, float]] = deque()  # (bytes queued up to, when), oldest first
+
+    def queued(self, nbytes: int, unsent: int, now: float) -> None:
+        """``nbytes`` more were queued at ``now``; ``unsent`` bytes are held after it."""
+        self._queued += nbytes
+        if not unsent:
+            return
+        if self._marks and now - self._marks[-1][1] < BACKLOG_GRAIN_S:
+            self._marks[-1] = (self._queued, self._marks[-1][1])  # counted as older: never cut off later
+        else:
+            self._marks.append((self._queued, now))
+
+    def oldest(self, unsent: int) -> float | None:
+        """When the oldest of the ``unsent`` bytes still held was queued (None: nothing waits)."""
+        taken = self._queued - unsent
+        while self._marks and self._marks[0][0] <= taken:
+            self._marks.popleft()
+        return self._marks[0][1] if self._marks else None
+
+
+@dataclass
+class _Output:
+    """What the transport keeps of one peer's output."""
+
+    peer: Peer
+    backlog: Backlog = field(default_factory=Backlog)
+    timer: asyncio.TimerHandle | None = None  # when its backlog is next due
+
+
 # A request handler: (connection, request) -> result, raising RpcError for error replies.
 Handler = Callable[[Connection, Request], Awaitable[Any]]
 
@@ -120,6 +164,7 @@ class Transport:
         self._refusal = refusal  # (peer, connections open) -> why it may not connect, or None
         self._server: asyncio.base_events.Server | None = None
         self._writers: dict[int, asyncio.StreamWriter] = {}
+        self._outputs: dict[int, _Output] = {}  # by connection id, as _writers
         self._conn_tasks: set[asyncio.Task[None]] = set()
         self._buffered_input = 0  # bytes of incomplete frames held for all connections
         self.path = cfg.socket_path()
@@ -138,18 +183,56 @@ class Transport:
 
     # ---- output ----------------------------------------------------------------------------
     def send(self, conn: Connection, message: dict[str, Any]) -> None:
-        """Queue one message; a peer whose unread output passes the limit is disconnected."""
-        writer = self._writers.get(conn.id)
-        if writer is None or writer.is_closing():
+        """Queue one message (a reply or an upcall) for ``conn``."""
+        if conn.id not in self._writers:
             return
         try:
             frame = encode(message, self.cfg.max_frame_bytes)
         except FrameError as err:
             frame = encode(error_response(message.get("id"), RpcError(INTERNAL_ERROR, f"reply too large: {err}")))
-        writer.write(frame)
-        if writer.transport.get_write_buffer_size() > self.cfg.max_output_buffer_bytes:
-            log.warning("connection %d (pid %d) does not read its messages; closing it", conn.id, conn.peer.pid)
-            writer.transport.abort()
+        self.write(conn.id, frame)
+
+    def write(self, conn_id: int, frames: bytes) -> None:
+        """Queue encoded frames: every byte for a peer goes this way, under the peer's output bound."""
+        writer = self._writers.get(conn_id)
+        if writer is None or writer.is_closing():
+            return
+        writer.write(frames)
+        self._outputs[conn_id].backlog.queued(len(frames), writer.transport.get_write_buffer_size(),
+                                              asyncio.get_running_loop().time())
+        self._check_output(conn_id)
+
+    def _check_output(self, conn_id: int) -> None:
+        """Disconnect a peer over its output bound; else watch the bytes it has yet to take."""
+        writer = self._writers.get(conn_id)
+        if writer is None or writer.is_closing():
+            return
+        loop = asyncio.get_running_loop()
+        out = self._outputs[conn_id]
+        unsent = writer.transport.get_write_buffer_size()
+        oldest = out.backlog.oldest(unsent)
+        why = quotas.output_refusal(self.cfg, unsent, None if oldest is None else loop.time() - oldest)
+        if why is not None:
+            self._cut_off(conn_id, why)
+        elif oldest is not None and out.timer is None:
+            out.timer = loop.call_at(oldest + self.cfg.write_timeout_s, self._output_due, conn_id)
+
+    def _output_due(self, conn_id: int) -> None:
+        out = self._outputs.get(conn_id)
+        if out is not None:
+            out.timer = None
+            self._check_output(conn_id)
+
+    def _cut_off(self, conn_id: int, why: str) -> None:
+        """Disconnect a peer that does not read (once; it cannot read a reason): its reader sees the
+        end of the stream and the connection is cleaned up as when a client leaves."""
+        writer = self._writers.get(conn_id)
+        if writer is None or writer.is_closing():
+            return
+        peer = self._outputs[conn_id].peer
+        log.warning("connection %d (pid %d uid %d) does not read what is sent: %s (%d bytes unread); closing it",
+                    conn_id, peer.pid, peer.uid, why, writer.transport.get_write_buffer_size())
+        writer.transport.abort()
 
     # ---- input -----------------------------------------------------------------------------
     async def _on_connect(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -173,7 +256,9 @@ class Transport:
             return
         conn = self._new_connection(peer)
         self._writers[conn.id] = writer
+        self._outputs[conn.id] = _Output(peer)
         conn.send = lambda msg, _c=conn: self.send(_c, msg)
+        conn.write = lambda frames, _id=conn.id: self.write(_id, frames)
         log.debug("connection %d from pid %d uid %d", conn.id, peer.pid, peer.uid)
         queue: asyncio.Queue[Request | None] = asyncio.Queue(self.cfg.max_inflight_per_connection)
         worker = asyncio.create_task(self._run_queue(conn, queue, writer))
@@ -231,6 +316,9 @@ class Transport:
             self._buffered_input -= held
             await self._stop_worker(queue, worker)
             self._writers.pop(conn.id, None)
+            out = self._outputs.pop(conn.id, None)
+            if out is not None and out.timer is not None:
+                out.timer.cancel()
             try:
                 await self._connection_lost(conn)
             except Exception:  # never let one client's cleanup kill the daemon
@@ -277,19 +365,22 @@ class Transport:
     async def _run_queue(
         self, conn: Connection, queue: asyncio.Queue[Request | None], writer: asyncio.StreamWriter
     ) -> None:
+        gone = False  # the peer is cut off: what it still asked for is dropped, never left blocking _serve
         while True:
             req = await queue.get()
             if req is None:
                 return
+            if gone:
+                continue
             await self._answer(conn, req)
             try:
+                # Backpressure: the next request waits until this reply is on its way.
                 await asyncio.wait_for(writer.drain(), self.cfg.write_timeout_s)
             except TimeoutError:
-                log.info("connection %d (pid %d) reads nothing of what is sent; closing it", conn.id, conn.peer.pid)
-                writer.transport.abort()
-                return
+                self._cut_off(conn.id, f"a reply was not read within {self.cfg.write_timeout_s:g} s (write_timeout_s)")
+                gone = True
             except (ConnectionError, OSError):
-                return
+                gone = True
 
     async def _answer(self, conn: Connection, req: Request) -> None:
         try:

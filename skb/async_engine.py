@@ -471,12 +471,18 @@ class AsyncSKB:
         return list(answer["solutions"])
 
     async def evaluate(self, app: str, staged: Staged, queries: list[tuple[str, str]], *,
-                       timeout_s: float | None = None) -> list[dict[str, Any]]:
-        """Each query's first value as the namespace would be after ``staged`` (nothing changes)."""
+                       timeout_s: float | None = None, round_limit_s: float | None = None,
+                       client: codec.Client | None = None) -> list[dict[str, Any]]:
+        """Each query's first value as the namespace would be after ``staged`` (nothing changes).
+        ``round_limit_s``: no query starts after the evaluation has run this long (those are
+        ``{"skipped": true}``); ``client``: (uid, privileged), for the engine's per-uid shares."""
         timeout = self.config.query_timeout_s if timeout_s is None else min(timeout_s, self.config.query_timeout_s)
-        op = codec.evaluate(app, staged, queries, timeout_s=timeout, inference_limit=self.config.inference_limit)
-        # Every query may run for its whole time limit.
-        return list(await self._run(op, timeout * max(1, len(queries)) + 1.0))
+        op = codec.evaluate(app, staged, queries, timeout_s=timeout, inference_limit=self.config.inference_limit,
+                            round_limit_s=round_limit_s, client=client)
+        # Every query may run for its whole time limit (in a round: those that start in it).
+        longest = timeout * max(1, len(queries)) if round_limit_s is None else \
+            min(timeout * max(1, len(queries)), round_limit_s + timeout)
+        return list(await self._run(op, longest + 1.0))
 
     async def ping(self) -> None:
         await self._run(codec.PING)

@@ -264,15 +264,21 @@ class Staged:
 
 
 def evaluate(app: str, staged: Staged, queries: Iterable[tuple[str, str | None]], *, timeout_s: float,
-             inference_limit: int | None) -> Op:
+             inference_limit: int | None, round_limit_s: float | None = None, client: Client | None = None) -> Op:
     """Each (goal, var) query's first value of var (var None: every binding of the first solution),
-    as the namespace would be after ``staged``."""
+    as the namespace would be after ``staged``.  ``round_limit_s``: no query starts once the
+    evaluation has run this long (those left are answered ``skipped``); ``client``: whom it runs
+    for (the pool's per-uid shares); none: the daemon."""
     changes = [f"procedure({string(t)},{'true' if p else 'false'},{staged.limits.text()})"
                for t, p in staged.procedures]
     if staged.facts:
         changes.append(f"facts({owner_term(staged.owner)},{string_list(staged.facts)},{staged.limits.text()})")
     qs = ",".join(f"first({string(g)})" if v is None else f"query({string(g)},{string(v)})" for g, v in queries)
     opts = _query_options(False, 1, timeout_s, inference_limit)
+    if round_limit_s is not None:
+        opts = f"[round_limit({number(float(round_limit_s), 'round_limit_s')}),{opts[1:]}"
+    if client is not None:
+        opts = f"[uid({_uid(client)}),privileged({'true' if client[1] else 'false'}),{opts[1:]}"
     return Op(f"evaluate({app_atom(app)},[{','.join(changes)}],[{qs}],{opts})")
 
 

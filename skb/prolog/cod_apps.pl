@@ -985,22 +985,44 @@ limited(App, Runner, Time, Inf) :-
 %   of VarName in the first solution) or bindings(Pairs) (for first/1: every
 %   named variable), none (no solution) or error(E).
 %   A staged change that is refused throws, as the real write would.
+%   With the option round_limit(Seconds), no query starts once the
+%   evaluation has run that long: each one left is answered skipped (a
+%   round of one application's conditions is bounded by Seconds plus one
+%   query's time limit, however many it holds).
 evaluate(App, Staged, Queries, Options, Results) :-
     app_module(App, M),
     option_value(time_limit(Time), Options, 5),
     option_value(inference_limit(Inf), Options, 10000000),
+    round_deadline(Options, Deadline),
     forget_declarations,
-    catch(snapshot(evaluate_staged(App, M, Staged, Queries, Time, Inf, Results)),
+    catch(snapshot(evaluate_staged(App, M, Staged, Queries, limits(Time, Inf, Deadline), Results)),
           E, true),
     % Declarations made while checking staged procedures are not data:
     % snapshot/1 does not undo them.
     undo_declarations,
     (   var(E) -> true ; throw(E) ).
 
-evaluate_staged(App, M, Staged, Queries, Time, Inf, Results) :-
+%   round_deadline(+Options, -Deadline): when the round's last query may
+%   start (get_time/1), or none.
+round_deadline(Options, Deadline) :-
+    (   memberchk(round_limit(Round), Options)
+    ->  must_be(number, Round),
+        (   Round > 0, Round < inf -> true ; domain_error(finite_round_limit, Round) ),
+        get_time(Now),
+        Deadline is Now + Round
+    ;   Deadline = none
+    ).
+
+evaluate_staged(App, M, Staged, Queries, Limits, Results) :-
     forall(member(Change, Staged), stage(App, Change)),
     b_setval(cod_app, App),
-    maplist(evaluate_one(M, Time, Inf), Queries, Results).
+    maplist(evaluate_in_round(M, Limits), Queries, Results).
+
+evaluate_in_round(M, limits(Time, Inf, Deadline), Query, Result) :-
+    (   Deadline \== none, get_time(Now), Now >= Deadline
+    ->  Result = skipped
+    ;   evaluate_one(M, Time, Inf, Query, Result)
+    ).
 
 stage(App, facts(Owner, Texts, Limits)) :- !,
     add_facts(App, Owner, Texts, Limits, _).

@@ -125,4 +125,21 @@ test(internals_are_refused_by_name, [error(permission_error(call, sandboxed, '$s
 test(internals_as_closures_are_refused_by_name, [error(permission_error(call, sandboxed, '$member'/2), _)]) :-
     run_query(plunit_internal, "maplist('$member'(X), [[1]])", [], _).
 
+% A round of evaluations is bounded: once round_limit has passed no query starts (skipped), so an
+% application's many slow conditions take one round's time, not the sum of their time limits.
+test(an_evaluation_round_starts_no_query_after_its_limit) :-
+    Slow = first("\\+ (between(1, 5000000, X), X < 0)"),
+    length(Queries, 40), maplist(=(Slow), Queries),
+    get_time(T0),
+    evaluate(plunit_o, [], [first("Y = 1")|Queries], [time_limit(0.05), round_limit(0.1)], Results),
+    get_time(T1),
+    T1 - T0 < 1.0,
+    Results = [bindings(['Y'-1])|Rest],
+    memberchk(skipped, Rest),
+    last(Rest, skipped).
+
+test(an_evaluation_without_a_round_limit_runs_every_query) :-
+    evaluate(plunit_p, [], [first("Y = 1"), first("fail")], [time_limit(0.5)], Results),
+    Results == [bindings(['Y'-1]), none].
+
 :- end_tests(cod_apps).

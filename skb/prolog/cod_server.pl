@@ -748,6 +748,8 @@ write_one_result(Out, bindings(Pairs)) :-
     write(Out, '{"bindings":'), json_write_object(Out, Pairs), put_char(Out, '}').
 write_one_result(Out, none) :-
     write(Out, '{"none":true}').
+write_one_result(Out, skipped) :-
+    write(Out, '{"skipped":true}').
 write_one_result(Out, error(E)) :-
     write(Out, '{"error":'), write_error_object(Out, E), put_char(Out, '}').
 
