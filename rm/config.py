@@ -51,6 +51,7 @@ class RMConfig:
     write_key_bytes_per_connection: int = 256 << 10  # ... and their size (the oldest go first)
     write_key_ttl_s: float = 600.0       # how long one is kept
     write_outcome_wait_s: float = 60.0   # a write the SKB did not answer in time is followed this long more
+    max_unsettled_writes_per_uid: int = 16  # writes of a uid answered OUTCOME_UNKNOWN and still under way
     max_tasks_per_uid: int = 256
     max_apps_per_uid: int = 64          # application names a uid may hold, persistent ones included
     app_max_facts: int = 100_000         # per application ...

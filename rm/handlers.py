@@ -128,7 +128,7 @@ async def hello(rm: ResourceManager, conn: Connection, p: Params) -> Any:
 
 # ---- facts and procedures -------------------------------------------------------------------
 # Each write is answered in time (Knowledge.in_time): its result, or OUTCOME_UNKNOWN while it goes on.
-async def _named(key: str, write: Awaitable[Any]) -> dict[str, Any]:
+async def _named(key: str, write: Awaitable[Any]) -> dict[str, Any]:  # the handler's result, when it comes
     return {key: await write}
 
 
@@ -139,7 +139,7 @@ async def add_facts(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
     if not facts:
         return {"added": 0}
-    return await rm.knowledge.in_time("add_facts", _named("added", rm.knowledge.add_facts(
+    return await rm.knowledge.in_time("add_facts", conn, lambda: _named("added", rm.knowledge.add_facts(
         conn, facts, system=system, persistent=persistent)))
 
 
@@ -149,7 +149,7 @@ async def remove_facts(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
     if not patterns:
         return {"removed": 0}
-    return await rm.knowledge.in_time("remove_facts", _named("removed", rm.knowledge.remove_facts(
+    return await rm.knowledge.in_time("remove_facts", conn, lambda: _named("removed", rm.knowledge.remove_facts(
         conn, patterns, system=system)))
 
 
@@ -157,7 +157,7 @@ async def add_procedure(rm: ResourceManager, conn: Connection, p: Params) -> Any
     text = p.str("text")
     persistent = p.bool("persistent", False)
     p.done()
-    return await rm.knowledge.in_time("add_procedure", _named("predicates", rm.knowledge.add_procedure(
+    return await rm.knowledge.in_time("add_procedure", conn, lambda: _named("predicates", rm.knowledge.add_procedure(
         conn, text, persistent=persistent)))
 
 

@@ -145,7 +145,8 @@ class Knowledge:
         self.answer_s = cfg.query_timeout_s + WATCHDOG_GRACE_S
         self.write_keys = WriteKeys(KeyLimits(cfg.write_keys_per_connection, cfg.write_key_bytes_per_connection,
                                               cfg.write_key_ttl_s))
-        self._writes: set[asyncio.Task[Any]] = set()  # writes going on after their answer
+        self._writes: set[asyncio.Task[Any]] = set()  # writes under way, kept referenced
+        self._unsettled: dict[int, set[asyncio.Task[Any]]] = {}  # per uid: those answered OUTCOME_UNKNOWN
         self._dirty: set[str] | None = set()
         self._deriving: asyncio.Task[None] | None = None
 
@@ -157,16 +158,26 @@ class Knowledge:
         return lock
 
     # ---- facts and procedures ------------------------------------------------------------------
-    async def in_time(self, method: str, write: Awaitable[Any]) -> Any:
-        """Run ``write`` to its true outcome, in the background when need be; answered within
+    async def in_time(self, method: str, conn: Connection, write: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``write()`` to its true outcome, in the background when need be; answered within
         ``answer_s``: its outcome, or WriteUnsettled (OUTCOME_UNKNOWN) carrying the outcome to come.
-        The uid's lock keeps the writes of a uid, and a connection's cleanup, in order meanwhile."""
-        task = asyncio.ensure_future(write)
+        The uid's lock keeps the writes of a uid, and a connection's cleanup, in order meanwhile.
+        A uid holds at most ``max_unsettled_writes_per_uid`` such writes: one more is refused, unsent."""
+        uid = conn.peer.uid
+        unsettled = self._unsettled.setdefault(uid, set())
+        if len(unsettled) >= self.cfg.max_unsettled_writes_per_uid:
+            raise RpcError(rpc.QUOTA_EXCEEDED, f"{method}: uid {uid} has {len(unsettled)} writes whose outcome is not "
+                                               "known yet (the SKB is not answering); this one was not sent "
+                                               "(max_unsettled_writes_per_uid)",
+                           {"quota": "max_unsettled_writes_per_uid", "limit": self.cfg.max_unsettled_writes_per_uid})
+        task = asyncio.ensure_future(write())
         self._writes.add(task)
         task.add_done_callback(self._write_done)
         await asyncio.wait({task}, timeout=self.answer_s)
         if task.done():
             return task.result()
+        unsettled.add(task)
+        task.add_done_callback(unsettled.discard)
         raise WriteUnsettled(f"{method}: the SKB did not answer within {self.answer_s:g} s; the write may still "
                              "be applied", task)
 

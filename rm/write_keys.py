@@ -192,4 +192,5 @@ def _settled(done: "asyncio.Future[Any]") -> Any:
         return {"result": done.result()}
     if isinstance(err, RpcError):
         return _error_of(err)
-    return (OUTCOME_UNKNOWN, f"the write failed inside the daemon ({type(err).__name__}); its outcome is not known", None)
+    return (OUTCOME_UNKNOWN, f"the write failed inside the daemon ({type(err).__name__}); its outcome is not known",
+            None)

@@ -134,3 +134,20 @@ def test_a_client_side_timeout_is_unknown_too_and_the_retry_learns_the_first_out
             assert c.add_facts(["late(1)"]) == 0  # a new request, on what the first one did
     finally:
         d.stop()
+
+
+def test_a_uid_holds_a_bounded_number_of_unsettled_writes_and_one_more_is_refused_unsent(tmp_path):
+    d = start_daemon(tmp_path, *DAEMON_ARGS, "--set", "max_unsettled_writes_per_uid=1")
+    try:
+        with Client.connect(str(d.path), app="w5", reconnect=False) as c:
+            with stopped(engine_pid(d.proc.pid)):
+                with pytest.raises(OutcomeUnknown) as first:
+                    c.add_facts(["late(1)"])
+                with pytest.raises(RMError) as refused:
+                    c.add_facts(["late(2)"])
+            assert refused.value.code == -32031 and "was not sent" in refused.value.message, refused.value
+            assert refused.value.data == {"quota": "max_unsettled_writes_per_uid", "limit": 1}
+            assert c.retry(first.value) == {"added": 1}
+            assert facts(c, "late(X)") == [{"X": 1}]  # the refused one never was applied
+    finally:
+        d.stop()

@@ -65,8 +65,9 @@ class Knowledge(DirectQueries):
             err.method, err.params = method, sent
             raise
         except (CallTimeout, ReplyLost) as err:  # sent, and no answer came
+            key = sent[REQUEST_KEY]
             unknown = OutcomeUnknown(OUTCOME_UNKNOWN, f"{err}; the write may or may not take effect: retry(err) "
-                                     f"sends it again with request_key {sent[REQUEST_KEY]!r}", {REQUEST_KEY: sent[REQUEST_KEY]})
+                                                      f"sends it again with request_key {key!r}", {REQUEST_KEY: key})
             unknown.method, unknown.params = method, sent
             raise unknown from err
         with self._state_lock:
