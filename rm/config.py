@@ -48,6 +48,12 @@ class RMConfig:
     max_subscriptions_per_connection: int = 1024
     max_subscriptions_per_uid: int = 4096  # over all connections of an unprivileged uid (its tasks' own included)
     max_batch_calls: int = 256
+    # ---- write outcomes (docs/protocol.md, "Write outcomes") ----
+    write_keys_per_connection: int = 256  # outcomes of keyed writes a connection's retries can learn ...
+    write_key_bytes_per_connection: int = 256 << 10  # ... and their size (the oldest go first)
+    write_key_ttl_s: float = 600.0       # how long one is kept
+    write_outcome_wait_s: float = 60.0   # a write the SKB did not answer in time is followed this long more
+    max_unsettled_writes_per_uid: int = 16  # writes of a uid answered OUTCOME_UNKNOWN and still under way
     max_tasks_per_uid: int = 256
     max_apps_per_uid: int = 64          # application names a uid may hold, persistent ones included
     app_max_facts: int = 100_000         # per application ...

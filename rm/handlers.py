@@ -126,6 +126,11 @@ async def hello(rm: ResourceManager, conn: Connection, p: Params) -> Any:
 
 
 # ---- facts and procedures -------------------------------------------------------------------
+# Each write is answered in time (Knowledge.in_time): its result, or OUTCOME_UNKNOWN while it goes on.
+async def _named(key: str, write: Awaitable[Any]) -> dict[str, Any]:  # the handler's result, when it comes
+    return {key: await write}
+
+
 async def add_facts(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     facts = p.str_list("facts")
     system = _scope_is_system(rm, conn, p)
@@ -133,7 +138,8 @@ async def add_facts(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
     if not facts:
         return {"added": 0}
-    return {"added": await rm.knowledge.add_facts(conn, facts, system=system, persistent=persistent)}
+    return await rm.knowledge.in_time("add_facts", conn, lambda: _named("added", rm.knowledge.add_facts(
+        conn, facts, system=system, persistent=persistent)))
 
 
 async def remove_facts(rm: ResourceManager, conn: Connection, p: Params) -> Any:
@@ -142,14 +148,16 @@ async def remove_facts(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
     if not patterns:
         return {"removed": 0}
-    return {"removed": await rm.knowledge.remove_facts(conn, patterns, system=system)}
+    return await rm.knowledge.in_time("remove_facts", conn, lambda: _named("removed", rm.knowledge.remove_facts(
+        conn, patterns, system=system)))
 
 
 async def add_procedure(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     text = p.str("text")
     persistent = p.bool("persistent", False)
     p.done()
-    return {"predicates": await rm.knowledge.add_procedure(conn, text, persistent=persistent)}
+    return await rm.knowledge.in_time("add_procedure", conn, lambda: _named("predicates", rm.knowledge.add_procedure(
+        conn, text, persistent=persistent)))
 
 
 def query_params(p: Params, ceiling_s: float) -> tuple[str, bool, int, float]:
@@ -511,4 +519,9 @@ async def dispatch(rm: ResourceManager, conn: Connection, req: Request) -> Any:
         raise RpcError(SHUTTING_DOWN, "the RM is shutting down")
     if not conn.hello and req.method != "hello":
         raise RpcError(HELLO_REQUIRED, "send 'hello' first")
+    if rpc.REQUEST_KEY in req.params and req.method in rpc.WRITE_METHODS:
+        # A keyed write runs once per key on this connection; a retry gets its first outcome.
+        return await rm.knowledge.write_keys.run(conn.id, req.method, req.params,
+                                                 lambda params: handler(rm, conn, Params(req.method, params)),
+                                                 rm.knowledge.answer_s)
     return await handler(rm, conn, Params(req.method, req.params))

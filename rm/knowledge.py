@@ -3,6 +3,10 @@
 * **Facts and procedures** of an application (``add_facts``, ``add_procedure``,
   ``remove_facts``), within its quotas (:mod:`.quotas`); system facts for the
   privileged.  Writes of one uid are serialised, so two at once cannot pass its quota.
+  Each is answered within its time: its outcome, or OUTCOME_UNKNOWN while the SKB has
+  not answered, and it then goes on in the background to its true outcome, with the
+  events and re-derivations it brings (a failure is never reported for a write that
+  may still be applied; :mod:`.write_keys` lets a retry learn the outcome).
 * **Queries** (``execute_query``, ``cancel``, the listings).
 * **What is derived from the SKB**, evaluated again whenever what it reads
   changes (:meth:`Knowledge.changed`): derived task properties (a change
@@ -25,7 +29,8 @@ from typing import Any, Awaitable, Callable, Iterable
 
 from cod.protocol import jsonrpc as rpc
 from cod.protocol.jsonrpc import RpcError
-from cod.skb import PERSISTENT, SKBError, Staged
+from cod.skb import PERSISTENT, OutcomeUnknown, SKBError, Staged
+from cod.skb.session import WATCHDOG_GRACE_S
 
 from . import quotas
 from .conditions import Condition, ConditionWatch, step
@@ -33,6 +38,7 @@ from .config import RMConfig
 from .events import Events, Jobs
 from .registry import Connection, Registry, Task, Usage
 from .taskprops import Derived, build_spec, derived_value
+from .write_keys import KeyLimits, WriteKeys, WriteUnsettled
 
 log = logging.getLogger("cod.rm")
 
@@ -49,6 +55,26 @@ async def skb_call(awaitable: Any) -> Any:
     """Await an SKB call, turning its SKBError into the protocol's error reply."""
     try:
         return await awaitable
+    except SKBError as err:
+        raise skb_rpc_error(err) from None
+
+
+async def skb_write(awaitable: Any, wait_s: float) -> Any:
+    """Await an SKB write to its true outcome: its result, or the protocol's error of a write that
+    will never be applied.  One the engine did not answer in time is waited for ``wait_s`` more
+    (until it answers, or a restart of the engine settles it); after that its outcome is
+    OUTCOME_UNKNOWN for good."""
+    try:
+        return await awaitable
+    except OutcomeUnknown as err:
+        try:
+            return await asyncio.wait_for(asyncio.shield(err.outcome), wait_s)
+        except TimeoutError:
+            raise RpcError(rpc.OUTCOME_UNKNOWN, f"the SKB did not answer the write even {wait_s:g} s later; "
+                                                "it may still be applied") from None
+        except SKBError as late:  # it never will be: the engine was restarted without it
+            err = skb_rpc_error(late)
+            raise RpcError(err.code, f"the write was not applied: {err.message}", err.data) from None
     except SKBError as err:
         raise skb_rpc_error(err) from None
 
@@ -124,6 +150,12 @@ class Knowledge:
         self._uid_locks: dict[int, asyncio.Lock] = {}
         self._pending: dict[str, bool] = {}  # application -> its next round (True: derived properties too)
         self._rounds: dict[str, asyncio.Task[None]] = {}  # application -> the task running its rounds
+        # A write is answered within the time a request had before (the SKB's own time-out).
+        self.answer_s = cfg.query_timeout_s + WATCHDOG_GRACE_S
+        self.write_keys = WriteKeys(KeyLimits(cfg.write_keys_per_connection, cfg.write_key_bytes_per_connection,
+                                              cfg.write_key_ttl_s))
+        self._writes: set[asyncio.Task[Any]] = set()  # writes under way, kept referenced
+        self._unsettled: dict[int, set[asyncio.Task[Any]]] = {}  # per uid: those answered OUTCOME_UNKNOWN
 
     def uid_lock(self, uid: int) -> asyncio.Lock:
         """Writes of one uid are serialised, so its quota cannot be passed by two at once."""
@@ -133,17 +165,51 @@ class Knowledge:
         return lock
 
     # ---- facts and procedures ------------------------------------------------------------------
+    async def in_time(self, method: str, conn: Connection, write: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``write()`` to its true outcome, in the background when need be; answered within
+        ``answer_s``: its outcome, or WriteUnsettled (OUTCOME_UNKNOWN) carrying the outcome to come.
+        The uid's lock keeps the writes of a uid, and a connection's cleanup, in order meanwhile.
+        A uid holds at most ``max_unsettled_writes_per_uid`` such writes: one more is refused, unsent."""
+        uid = conn.peer.uid
+        unsettled = self._unsettled.setdefault(uid, set())
+        if len(unsettled) >= self.cfg.max_unsettled_writes_per_uid:
+            raise RpcError(rpc.QUOTA_EXCEEDED, f"{method}: uid {uid} has {len(unsettled)} writes whose outcome is not "
+                                               "known yet (the SKB is not answering); this one was not sent "
+                                               "(max_unsettled_writes_per_uid)",
+                           {"quota": "max_unsettled_writes_per_uid", "limit": self.cfg.max_unsettled_writes_per_uid})
+        task = asyncio.ensure_future(write())
+        self._writes.add(task)
+        task.add_done_callback(self._write_done)
+        await asyncio.wait({task}, timeout=self.answer_s)
+        if task.done():
+            return task.result()
+        unsettled.add(task)
+        task.add_done_callback(unsettled.discard)
+        raise WriteUnsettled(f"{method}: the SKB did not answer within {self.answer_s:g} s; the write may still "
+                             "be applied", task)
+
+    def _write_done(self, task: "asyncio.Task[Any]") -> None:
+        self._writes.discard(task)
+        if not task.cancelled() and task.exception() is not None and not isinstance(task.exception(), RpcError):
+            log.error("a write failed inside the daemon: %r", task.exception())
+
+    def _wait_s(self) -> float:
+        return self.cfg.write_outcome_wait_s
+
     async def add_facts(self, conn: Connection, facts: list[str], *, system: bool, persistent: bool) -> int:
+        """Its whole course, however long the SKB takes (a handler answers in time with :meth:`in_time`)."""
+        async with self.uid_lock(conn.peer.uid):
+            if system:
+                n = await skb_write(self.skb.add_system_facts(facts), self._wait_s())
+            else:
+                app = app_of(conn)
+                limits = quotas.write_limits(self.cfg, self.registry, app, conn.peer.uid)
+                owner = PERSISTENT if persistent else conn.id
+                reply = await skb_write(self.skb.add_facts(app, owner, facts, limits), self._wait_s())
+                self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
         if system:
-            n = await skb_call(self.skb.add_system_facts(facts))
             self._system_changed("add", facts)
             return int(n)
-        app = app_of(conn)
-        async with self.uid_lock(conn.peer.uid):
-            limits = quotas.write_limits(self.cfg, self.registry, app, conn.peer.uid)
-            owner = PERSISTENT if persistent else conn.id
-            reply = await skb_call(self.skb.add_facts(app, owner, facts, limits))
-            self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
         self.events.facts_changed(app, "add", facts)
         self.changed({app})
         return int(reply["added"])
@@ -154,18 +220,20 @@ class Knowledge:
         self.changed(None)
 
     async def remove_facts(self, conn: Connection, patterns: list[str], *, system: bool) -> int:
-        if system:
-            removed = 0
-            for pattern in patterns:
-                removed += await skb_call(self.skb.remove_system_facts(pattern))
-            if removed:
-                self._system_changed("remove", patterns)
-            return removed
-        app = app_of(conn)
-        reply = await skb_call(self.skb.remove_facts(app, patterns))
-        self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
-        removed = int(reply["removed"])
-        if removed:
+        # Under the uid's lock too: behind a write of the same uid still going on, in the order sent.
+        async with self.uid_lock(conn.peer.uid):
+            if system:
+                removed = 0
+                for pattern in patterns:
+                    removed += await skb_write(self.skb.remove_system_facts(pattern), self._wait_s())
+            else:
+                app = app_of(conn)
+                reply = await skb_write(self.skb.remove_facts(app, patterns), self._wait_s())
+                self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
+                removed = int(reply["removed"])
+        if removed and system:
+            self._system_changed("remove", patterns)
+        elif removed:
             self.events.facts_changed(app, "remove", patterns)
             self.changed({app})
         return removed
@@ -174,7 +242,7 @@ class Knowledge:
         app = app_of(conn)
         async with self.uid_lock(conn.peer.uid):
             limits = quotas.write_limits(self.cfg, self.registry, app, conn.peer.uid)
-            reply = await skb_call(self.skb.add_procedure(app, text, persistent, limits))
+            reply = await skb_write(self.skb.add_procedure(app, text, persistent, limits), self._wait_s())
             self.registry.usage[app] = Usage.from_reply(reply.get("usage"))
         self.changed({app})
         return list(reply["predicates"])
@@ -325,6 +393,7 @@ class Knowledge:
 
     def forget_connection(self, conn_id: int) -> None:
         self.conditions.forget_connection(conn_id)
+        self.write_keys.forget(conn_id)
 
     def allocation_changed(self) -> None:
         """The allocation changed: conditions may read it (derived properties do not follow it,

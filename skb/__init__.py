@@ -3,8 +3,8 @@
 from .async_engine import AsyncSKB
 from .codec import NO_LIMITS, PERSISTENT, Limits, Staged
 from .engine import SKB
-from .errors import CODES, SKBError
+from .errors import CODES, OutcomeUnknown, SKBError
 from .session import EngineConfig, library_dir
 
-__all__ = ["SKB", "AsyncSKB", "SKBError", "CODES", "EngineConfig", "library_dir", "Limits", "NO_LIMITS",
+__all__ = ["SKB", "AsyncSKB", "SKBError", "OutcomeUnknown", "CODES", "EngineConfig", "library_dir", "Limits", "NO_LIMITS",
            "PERSISTENT", "Staged"]

@@ -9,7 +9,10 @@ state) never wait behind an application's query.
 
 Writes are journalled when their reply arrives, whether or not their caller
 is still waiting, so a caller that gives up (a client that hangs up) cannot
-leave the journal behind the engine.  If the engine dies, every request in
+leave the journal behind the engine.  A write not answered in time is not
+reported as failed: it raises :class:`~cod.skb.errors.OutcomeUnknown`, whose
+future settles with the truth (its late result, or an error once a restart
+has made sure it will never be applied).  If the engine dies, every request in
 flight fails with a clean error, a new engine is started and the journal
 replayed; requests made meanwhile wait for it.  Starting, killing and
 restarting the process, and what is replayed, are the same as for the
@@ -31,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 from . import codec
 from .codec import NO_LIMITS, Limits, Op, Owner, Staged
 from .engine import machine_prolog
-from .errors import SKBError
+from .errors import OutcomeUnknown, SKBError
 from .lifecycle import EngineProcess, StartupWatch, cpu_seconds
 from .session import STARTUP_MAX_WAIT_S, STARTUP_TIMEOUT_S, WATCHDOG_GRACE_S, EngineConfig, Session
 
@@ -47,6 +50,12 @@ log = logging.getLogger("cod.skb")
 PING_TIMEOUT_S = 5.0
 PING_MAX_WAIT_S = 30.0
 PING_PROGRESS_CPU_S = 0.25  # CPU time over PING_TIMEOUT_S that shows an engine at work
+
+
+def _retrieved(fut: "asyncio.Future[Any]") -> None:
+    """Mark a settled future's exception as seen (asyncio logs one that nobody retrieved)."""
+    if not fut.cancelled():
+        fut.exception()
 
 
 class _Pending:
@@ -317,10 +326,15 @@ class AsyncSKB:
         wait = (self.config.query_timeout_s if timeout_s is None else timeout_s) + WATCHDOG_GRACE_S
         fut = self._send(op)
         try:
-            return await asyncio.wait_for(fut, wait)
+            # A write's future outlives the wait: it is how its caller learns the true outcome.
+            return await asyncio.wait_for(asyncio.shield(fut) if op.journal else fut, wait)
         except TimeoutError:
-            # The request stays known (its late reply is dropped); check the engine is alive.
+            # The request stays known (a read's late reply is dropped); check the engine is alive.
             asyncio.get_running_loop().create_task(self._health_check())
+            if op.journal and not fut.done():
+                fut.add_done_callback(_retrieved)  # nobody may be left to await it
+                raise OutcomeUnknown(f"the engine did not answer within {wait:.1f} s; the write may still be "
+                                     "applied", fut) from None
             raise SKBError("timeout", f"the engine did not answer within {wait:.1f} s") from None
 
     async def _health_check(self) -> None:
@@ -329,6 +343,7 @@ class AsyncSKB:
             return
         why = "it did not answer a ping"
         pong = self._send(codec.PING)
+        pong.add_done_callback(_retrieved)  # a restart fails it after the check gave up on it
         ping_end = self._sent  # the engine has read the ping once it has read this many bytes
         waited = 0.0
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from cod.protocol.errors import CodError
@@ -23,3 +24,16 @@ class SKBError(CodError):
 
     def to_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "data": self.data}
+
+
+class OutcomeUnknown(SKBError):
+    """A write the engine did not answer in time: it may still be applied.
+
+    Its code stays ``timeout`` for callers that treat it as any time-out; ``outcome`` is the
+    request's own future, which settles when the truth is known: the write's result when the
+    engine answers after all, or an SKBError when it will never be applied (the engine was
+    restarted without it: a write is journalled only once the engine answered it)."""
+
+    def __init__(self, message: str, outcome: "asyncio.Future[Any]") -> None:
+        super().__init__("timeout", message)
+        self.outcome = outcome

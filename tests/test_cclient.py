@@ -21,6 +21,7 @@ import pytest
 from cod.facts import from_args
 from test_client_listing1 import expected_cores
 from test_rm_support import COD, start_daemon
+from test_rm_write_outcomes import DAEMON_ARGS as WRITE_OUTCOME_ARGS, engine_pid
 
 CDIR = Path(__file__).resolve().parents[1] / "clients" / "c"
 BUILD = CDIR / "build"
@@ -86,6 +87,23 @@ def test_c_program_under_valgrind(built, tmp_path):
     r = run_test_program(cmd, tmp_path, timeout=1500)
     assert "ERROR SUMMARY: 0 errors" in r.stderr, r.stderr[-5000:]
     assert_all_passed(r)
+
+
+@pytest.mark.parametrize("program", ["test_write_outcomes", "test_write_outcomes_san"])
+def test_c_write_outcomes_with_a_stopped_engine(built, tmp_path, program):
+    """libcod against a daemon whose SKB engine the program stops: COD_EUNKNOWN, never a failure, and
+    cod_retry learns the first outcome without applying the write twice (test_rm_write_outcomes.py);
+    plain and under AddressSanitizer + UndefinedBehaviorSanitizer."""
+    if program.endswith("_san"):
+        make("asan")
+    d = start_daemon(tmp_path, *WRITE_OUTCOME_ARGS)
+    try:
+        r = subprocess.run([str(built / program), str(d.path), str(engine_pid(d.proc.pid))], capture_output=True,
+                           text=True, timeout=300, env=os.environ | {"UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"})
+    finally:
+        d.stop()
+    assert "ERROR: AddressSanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-5000:]
+    assert_all_passed(r, at_least=20)
 
 
 def test_install_and_pkg_config(built, tmp_path):

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from cod.client import Client, CodError, ConnectionLost, QueryTimeout, ShuttingDown
+from cod.client import CallTimeout, Client, CodError, ConnectionLost, QueryTimeout, ShuttingDown
 from test_rm_support import magny, start_daemon  # noqa: F401  (magny is a fixture)
 from helpers.waiting import wait_until
 
@@ -185,7 +185,7 @@ def test_a_timeout_while_another_thread_reads_leaves_the_other_call_whole(magny,
         a.join(30)
         b.join(30)
         short, long_ = outcome["short"], outcome["long"]
-        assert type(short) is CodError and "no reply within 0.3 s" in str(short)
+        assert type(short) is CallTimeout and "no reply within 0.3 s" in str(short)
         assert isinstance(long_, QueryTimeout)  # its own reply, read after the other gave up
         assert outcome["short_done"] < outcome["long_done"]
         # The late reply of the timed-out call is dropped; the client goes on as before.

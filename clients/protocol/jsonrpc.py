@@ -38,6 +38,9 @@ QUOTA_EXCEEDED = -32031
 SHUTTING_DOWN = -32060
 TOO_BUSY = -32070
 TIMED_OUT = -32071
+# A write whose outcome is not known (yet): it may or may not take effect (docs/protocol.md,
+# "Write outcomes"); never used for a write that will not be applied.
+OUTCOME_UNKNOWN = -32080
 # SKB errors: -32040 - index of SKBError.code in this list (data.skb_code holds the name).
 SKB_ERROR_BASE = -32040
 SKB_CODES = (
@@ -79,6 +82,13 @@ METHODS = (
     # elastic groups of processes that do not speak COD (issue 16)
     "register_unmanaged", "deregister_unmanaged",
 )
+# Methods that change what the daemon holds: each takes an optional REQUEST_KEY, and a retry
+# with the same key on the same connection gets the first outcome instead of running again.
+WRITE_METHODS = (
+    "register_task", "update_task", "deregister_task", "deploy_plan", "add_facts", "remove_facts",
+    "add_procedure", "subscribe", "unsubscribe", "register_unmanaged", "deregister_unmanaged",
+)
+REQUEST_KEY = "request_key"
 # Methods of the SKB's direct query socket (cod_direct.pl).
 DIRECT_METHODS = ("hello", "execute_query", "ping")
 

@@ -4,11 +4,13 @@ from .client import Client
 from .errors import (
     AdmissionRefused,
     AlreadyExists,
+    CallTimeout,
     CodError,
     ConnectionLost,
     InvalidRequest,
     NotConnected,
     NotFound,
+    OutcomeUnknown,
     PermissionDenied,
     ProtocolMismatch,
     QueryCancelled,
@@ -16,6 +18,7 @@ from .errors import (
     RMError,
     KnowledgeBaseError,
     QuotaExceeded,
+    ReplyLost,
     TimedOut,
     TooBusy,
     ShuttingDown,
@@ -26,8 +29,8 @@ from .paper import add_procedure, rsmgr_client_connect, rsmgr_register_fn, skb_a
 connect = Client.connect
 
 __all__ = [
-    "AdmissionRefused", "AlreadyExists", "CodError", "Client", "ConnectionLost", "InvalidRequest",
-    "NotConnected", "NotFound", "PermissionDenied", "ProtocolMismatch", "QueryCancelled", "QueryTimeout", "RMError",
-    "KnowledgeBaseError", "QuotaExceeded", "ShuttingDown", "TimedOut", "TooBusy", "UnsafeGoal", "add_procedure", "connect", "rsmgr_client_connect",
+    "AdmissionRefused", "AlreadyExists", "CallTimeout", "CodError", "Client", "ConnectionLost", "InvalidRequest",
+    "NotConnected", "NotFound", "OutcomeUnknown", "PermissionDenied", "ProtocolMismatch", "QueryCancelled", "QueryTimeout", "RMError",
+    "KnowledgeBaseError", "QuotaExceeded", "ReplyLost", "ShuttingDown", "TimedOut", "TooBusy", "UnsafeGoal", "add_procedure", "connect", "rsmgr_client_connect",
     "rsmgr_register_fn", "skb_add_fact", "skb_add_fn", "skb_execute_query",
 ]

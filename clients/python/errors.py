@@ -11,6 +11,14 @@ class ConnectionLost(CodError):
     """The daemon went away while a call was in flight (the client reconnects by itself if allowed)."""
 
 
+class ReplyLost(ConnectionLost):
+    """The connection was lost after the request was sent: the daemon may have run it."""
+
+
+class CallTimeout(CodError):
+    """No reply came within the call's timeout (`call_timeout_s`): the daemon may still run the request."""
+
+
 class NotConnected(CodError):
     """No daemon answers on the socket (or it did not come back within the reconnect timeout)."""
 
@@ -81,6 +89,21 @@ class QuotaExceeded(RMError):
     """-32031: the application or its uid would hold more than its quota (facts, procedures, subscriptions)."""
 
 
+class OutcomeUnknown(RMError):
+    """-32080, or a write whose reply did not come (a call timeout, a connection lost after sending):
+    the write may or may not take effect.  It was sent with `request_key`; `Client.retry(err)` sends
+    it again with that key, and gets its first outcome instead of writing twice while the daemon
+    remembers the key (docs/protocol.md, "Write outcomes")."""
+
+    method: str | None = None
+    params: dict[str, Any] | None = None  # as sent, request_key included
+
+    @property
+    def request_key(self) -> str | None:
+        key = (self.params or {}).get("request_key") or (self.data or {}).get("request_key")
+        return key if isinstance(key, str) else None
+
+
 class ShuttingDown(RMError):
     """-32060: the daemon is stopping."""
 
@@ -98,7 +121,7 @@ _BY_CODE: dict[int, type[RMError]] = {
     -32010: PermissionDenied, -32020: NotFound, -32021: AlreadyExists, -32030: AdmissionRefused,
     -32031: QuotaExceeded, -32042: QueryTimeout, -32041: UnsafeGoal, -32052: QuotaExceeded,
     -32053: QueryCancelled,
-    -32060: ShuttingDown, -32070: TooBusy, -32071: TimedOut,
+    -32060: ShuttingDown, -32070: TooBusy, -32071: TimedOut, -32080: OutcomeUnknown,
 }
 
 

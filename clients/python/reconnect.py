@@ -11,8 +11,10 @@ import time
 from typing import Any
 
 from cod.protocol.framing import FrameDecoder
+from cod.protocol.jsonrpc import OUTCOME_UNKNOWN, REQUEST_KEY, WRITE_METHODS
 
 from .errors import ConnectionLost, NotConnected, RMError
+from .knowledge import new_request_key
 from .parts import ClientParts, log
 
 
@@ -74,8 +76,20 @@ class Reconnection(ClientParts):
         self._connected.set()
 
     def _replay_call(self, sock: socket.socket, decoder: FrameDecoder, method: str, params: dict[str, Any]) -> Any:
-        try:
-            return self._raw_call(sock, decoder, method, params)
-        except RMError as err:
-            log.warning("replaying %s after reconnection failed: %s", method, err)
-            return None
+        """One call of the replay.  A write goes with a request key, and one whose outcome is not
+        known (the SKB was slow to answer) is asked again with that key until it is, within the
+        reconnection's time: never dropped as failed when it may have taken effect, never applied twice."""
+        keyed = {**params, REQUEST_KEY: new_request_key()} if method in WRITE_METHODS else params
+        deadline = time.monotonic() + self.reconnect_timeout_s
+        pause = 0.05
+        while True:
+            try:
+                return self._raw_call(sock, decoder, method, keyed)
+            except RMError as err:
+                if err.code == OUTCOME_UNKNOWN and method in WRITE_METHODS and time.monotonic() + pause < deadline:
+                    log.info("replaying %s: its outcome is not known yet; asking again with its key", method)
+                    time.sleep(pause)  # a back-off: the daemon itself waits for the outcome before answering
+                    pause = min(pause * 2, 1.0)
+                    continue
+                log.warning("replaying %s after reconnection failed: %s", method, err)
+                return None

@@ -15,7 +15,8 @@ from typing import Any
 from cod.protocol.framing import MAX_FRAME_BYTES, FrameDecoder, encode
 from cod.protocol.jsonrpc import PROTOCOL_VERSION, SHUTDOWN_EVENT, loads
 
-from .errors import CodError, ConnectionLost, NotConnected, ProtocolMismatch, RMError, error_from_reply
+from .errors import (CallTimeout, CodError, ConnectionLost, NotConnected, ProtocolMismatch, ReplyLost, RMError,
+                     error_from_reply)
 from .parts import ClientParts, _Waiter, log
 
 CLIENT_NAME = "cod.client/0.2"
@@ -106,9 +107,9 @@ class Transport(ClientParts):
             raise ConnectionLost(f"sending {method}: {err}") from None
         reply = self._await_reply(rid, waiter, None if timeout is None else time.monotonic() + timeout, leading)
         if reply is None:
-            raise CodError(f"{method}: no reply within {timeout} s")
+            raise CallTimeout(f"{method}: no reply within {timeout} s")
         if "lost" in reply:
-            raise ConnectionLost(f"{method}: {reply['lost']}")
+            raise ReplyLost(f"{method}: {reply['lost']}")
         if "error" in reply:
             raise error_from_reply(reply["error"])
         return reply.get("result")

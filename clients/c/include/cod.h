@@ -105,7 +105,9 @@ enum cod_error {
     COD_EQUOTA = -37,        /* -32031, -32052: over a quota (facts, procedures, subscriptions) */
     COD_ESLOW = -38,         /* -32071: this client was too slow (no hello, a frame not completed in time) */
     COD_ECANCELLED = -39,    /* -32053: the query was stopped by a `cancel` call of its own connection */
-    COD_ESYSTEM = -40        /* the kernel refused a call libcod makes itself (errno says why) */
+    COD_ESYSTEM = -40,       /* the kernel refused a call libcod makes itself (errno says why) */
+    COD_EUNKNOWN = -41       /* -32080, or a write whose whole request left and whose reply did not come (the
+                                call's timeout, a lost connection): it may or may not take effect; cod_retry */
 };
 
 /* The name of a COD_E... code as a short phrase ("connection lost", ...). */
@@ -238,6 +240,20 @@ COD_EXPORT int cod_remove_facts(cod_conn *c, const char *fmt, ...);
 COD_EXPORT int cod_remove_facts_flags(cod_conn *c, int flags, const char *pattern);
 COD_EXPORT int cod_add_procedure(cod_conn *c, const char *text);
 COD_EXPORT int cod_add_procedure_flags(cod_conn *c, const char *text, int flags);
+
+/* ---- write outcomes (docs/protocol.md, "Write outcomes") -------------------------------------
+ * Each call above sends a fresh request key (128 random bits).  COD_EUNKNOWN says the write may or
+ * may not take effect (the daemon could not tell in time, or its reply did not come); a failure
+ * with any other code means it did not and will not.  cod_retry sends this thread's last write
+ * again, if its outcome was unknown, with the same key: the daemon answers with the first run's
+ * outcome instead of writing twice (on the same connection, within its limits: 256 keys, 10 min).
+ * It returns what the write's own call returns (0; cod_remove_facts: how many went), or
+ * COD_EUNKNOWN again while the write is still under way; COD_EINVAL when there is none.
+ * cod_call of a write with a "request_key" in its params is kept for cod_retry the same way. */
+COD_EXPORT int cod_retry(cod_conn *c);
+/* The request key of this thread's write whose outcome is unknown, or NULL (valid until this
+ * thread's next write on c). */
+COD_EXPORT const char *cod_request_key(const cod_conn *c);
 
 /* ---- events -------------------------------------------------------------------------------------- */
 typedef struct cod_event cod_event;

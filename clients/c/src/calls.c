@@ -24,17 +24,55 @@ static int bad_arg(cod_conn *c, const char *method, const char *what)
 
 static int oom(cod_conn *c, const char *method) { return cod_set_error(c, COD_ENOMEM, 0, NULL, "%s: out of memory", method); }
 
-/* One call under the lock; on success the held state notes it.  Takes params. */
+/* One call under the lock; on success the held state notes it.  A write whose reply is lost
+ * after it left is COD_EUNKNOWN, and kept for cod_retry when it carries a request_key.  Takes params. */
 static int call(cod_conn *c, const char *method, json_t *params, json_t **reply)
 {
     json_t *keep = json_incref(params);
     pthread_mutex_lock(&c->io);
-    int rc = cod_roundtrip(c, method, params, reply);
+    int rc;
+    if (cod_is_write_method(method)) {
+        cod_buf b = {0};
+        rc = cod_buf_dump_json(&b, params) ? oom(c, method) : cod_keyed_call(c, method, b.p, b.len, reply);
+        cod_buf_free(&b);
+        json_decref(params);
+    } else {
+        rc = cod_roundtrip(c, method, params, reply);
+    }
     if (rc == 0)
         cod_state_note(c, method, keep, json_object_get(*reply, "result"));
     pthread_mutex_unlock(&c->io);
     json_decref(keep);
     return rc;
+}
+
+/* A write with a fresh request key (outcomes.c) under the lock; on success the held state notes
+ * it.  Takes params. */
+static int write_call(cod_conn *c, const char *method, json_t *params, json_t **reply)
+{
+    cod_buf b = {0};
+    int rc = cod_buf_dump_json(&b, params) ? oom(c, method) : 0;
+    if (rc == 0) {
+        pthread_mutex_lock(&c->io);
+        rc = cod_keyed_write(c, method, b.p, b.len, reply);
+        if (rc == 0)
+            cod_state_note(c, method, params, json_object_get(*reply, "result"));
+        pthread_mutex_unlock(&c->io);
+    }
+    cod_buf_free(&b);
+    json_decref(params);
+    return rc;
+}
+
+int cod_is_write_method(const char *method)
+{
+    static const char *const writes[] = {"register_task", "update_task", "deregister_task", "deploy_plan",
+                                         "add_facts", "remove_facts", "add_procedure", "subscribe",
+                                         "unsubscribe", "register_unmanaged", "deregister_unmanaged", NULL};
+    for (size_t i = 0; writes[i]; i++)
+        if (strcmp(method, writes[i]) == 0)
+            return 1;
+    return 0;
 }
 
 static int call_void(cod_conn *c, const char *method, json_t *params)
@@ -82,7 +120,7 @@ int cod_add_facts_flags(cod_conn *c, const char *const *facts, size_t n, int fla
     }
     json_t *reply = NULL;
     pthread_mutex_lock(&c->io);
-    rc = cod_roundtrip_text(c, "add_facts", p.p, p.len, &reply);
+    rc = cod_keyed_write(c, "add_facts", p.p, p.len, &reply);
     if (rc == 0)
         cod_state_hold_facts(c, (flags & COD_SYSTEM) != 0, facts, n, (flags & COD_PERSISTENT) != 0);
     pthread_mutex_unlock(&c->io);
@@ -144,7 +182,7 @@ int cod_remove_facts_flags(cod_conn *c, int flags, const char *pattern)
     if (flags & COD_SYSTEM)
         json_object_set_new(params, "scope", json_string("system"));
     json_t *reply = NULL;
-    int rc = call(c, "remove_facts", params, &reply);
+    int rc = write_call(c, "remove_facts", params, &reply);
     if (rc == 0) {
         json_int_t n = json_integer_value(json_object_get(json_object_get(reply, "result"), "removed"));
         rc = n > 2147483647 ? 2147483647 : (int)n;
@@ -178,7 +216,10 @@ int cod_add_procedure_flags(cod_conn *c, const char *text, int flags)
         return oom(c, "add_procedure");
     if (flags & COD_PERSISTENT)
         json_object_set_new(params, "persistent", json_true());
-    return call_void(c, "add_procedure", params);
+    json_t *reply = NULL;
+    int rc = write_call(c, "add_procedure", params, &reply);
+    json_decref(reply);
+    return rc;
 }
 
 int cod_add_procedure(cod_conn *c, const char *text) { return cod_add_procedure_flags(c, text, 0); }

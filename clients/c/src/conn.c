@@ -328,7 +328,7 @@ static int wait_reply(cod_conn *c, cod_chan *ch, long long id, double deadline, 
 
 /* Sends one request on ch and waits for its reply.  Transport failures return COD_ECONN,
  * COD_ETIMEOUT or COD_EPROTO with *why; nothing is recorded on the connection.  *sent says
- * whether any of the request reached the socket. */
+ * whether any of the request reached the socket: 1 part of it, 2 all of it (the daemon may run it). */
 static int exchange(cod_conn *c, cod_chan *ch, const char *method, const char *params, size_t plen,
                     json_t **reply, char **why, int *sent)
 {
@@ -352,6 +352,7 @@ static int exchange(cod_conn *c, cod_chan *ch, const char *method, const char *p
     }
     if (rc)
         return rc;
+    *sent = 2;
     return wait_reply(c, ch, id, deadline, reply, why);
 }
 
@@ -388,8 +389,30 @@ static int transport_error(cod_conn *c, const char *method, int rc, const char *
     }
 }
 
+/* A write whose whole request left but whose reply did not come: it may have run. */
+static int unknown_outcome(cod_conn *c, const char *method, int rc)
+{
+    return cod_set_error(c, COD_EUNKNOWN, 0, NULL,
+                         "%s: %s; the write may or may not take effect (cod_retry sends it again with its "
+                         "request key, cod_request_key)",
+                         method, rc == COD_ETIMEOUT ? "no reply from the daemon in time"
+                                                    : "the connection was lost after the request was sent");
+}
+
+static int roundtrip(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply, int write);
+
 /* A call on the RM; c->io held. */
 int cod_roundtrip_text(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply)
+{
+    return roundtrip(c, method, params, plen, reply, 0);
+}
+
+int cod_roundtrip_write(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply)
+{
+    return roundtrip(c, method, params, plen, reply, 1);
+}
+
+static int roundtrip(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply, int write)
 {
     int rc = cod_ensure_connected(c);
     if (rc)
@@ -412,7 +435,10 @@ int cod_roundtrip_text(cod_conn *c, const char *method, const char *params, size
         if (rc == COD_ECONN || rc == COD_EPROTO || (rc == COD_ETIMEOUT && c->rm.fd < 0)) {
             cod_lose(c);
         }
-        rc = transport_error(c, method, rc, why);
+        if (write && sent == 2 && (rc == COD_ECONN || rc == COD_ETIMEOUT || rc == COD_EPROTO))
+            rc = unknown_outcome(c, method, rc);
+        else
+            rc = transport_error(c, method, rc, why);
         free(why);
         return rc;
     }
@@ -735,9 +761,7 @@ void cod_free(cod_conn *c)
     while (c->errs) {
         cod_errrec *e = c->errs;
         c->errs = e->next;
-        free(e->msg);
-        json_decref(e->data);
-        free(e);
+        cod_errrec_free(e);
     }
     cod_state_free(c);
     json_decref(c->allocs);

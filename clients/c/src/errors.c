@@ -31,6 +31,7 @@ int cod_error_from_server(long long code)
     case -32031:
     case -32052: return COD_EQUOTA;
     case -32071: return COD_ESLOW;
+    case -32080: return COD_EUNKNOWN;
     default: return code <= -32043 && code >= -32051 ? COD_ESKB : COD_ESERVER;
     }
 }
@@ -69,13 +70,24 @@ const char *cod_strerror(int code)
     case COD_ESLOW: return "too slow for the daemon";
     case COD_ECANCELLED: return "query cancelled";
     case COD_ESYSTEM: return "refused by the kernel";
+    case COD_EUNKNOWN: return "outcome of the write unknown";
     default: return "unknown error";
     }
 }
 
 /* ---- per-thread errors ---- */
 
-static cod_errrec *errrec(cod_conn *c, int create)
+void cod_errrec_free(cod_errrec *e)
+{
+    free(e->msg);
+    json_decref(e->data);
+    free(e->unsettled_method);
+    free(e->unsettled_params);
+    free(e->unsettled_key);
+    free(e);
+}
+
+cod_errrec *cod_errrec_of(cod_conn *c, int create)
 {
     pthread_t me = pthread_self();
     for (cod_errrec *e = c->errs; e; e = e->next)
@@ -106,7 +118,7 @@ int cod_set_error(cod_conn *c, int code, long long server_code, json_t *data, co
         b.len = (size_t)n;
     }
     pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 1);
+    cod_errrec *e = cod_errrec_of(c, 1);
     if (e) {
         free(e->msg);
         json_decref(e->data);
@@ -126,7 +138,7 @@ int cod_set_error(cod_conn *c, int code, long long server_code, json_t *data, co
 void cod_clear_error(cod_conn *c)
 {
     pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 0);
+    cod_errrec *e = cod_errrec_of(c, 0);
     if (e) {
         free(e->msg);
         json_decref(e->data);
@@ -144,7 +156,7 @@ const char *cod_errstr(const cod_conn *cc)
         return "no connection";
     cod_conn *c = (cod_conn *)cc;
     pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 0);
+    cod_errrec *e = cod_errrec_of(c, 0);
     const char *s = e && e->msg ? e->msg : e && e->code ? cod_strerror(e->code) : "no error";
     pthread_mutex_unlock(&c->mu);
     return s;
@@ -156,7 +168,7 @@ int cod_errcode(const cod_conn *cc)
         return COD_EINVAL;
     cod_conn *c = (cod_conn *)cc;
     pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 0);
+    cod_errrec *e = cod_errrec_of(c, 0);
     int code = e ? e->code : 0;
     pthread_mutex_unlock(&c->mu);
     return code;
@@ -168,7 +180,7 @@ long long cod_server_code(const cod_conn *cc)
         return 0;
     cod_conn *c = (cod_conn *)cc;
     pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 0);
+    cod_errrec *e = cod_errrec_of(c, 0);
     long long code = e ? e->server_code : 0;
     pthread_mutex_unlock(&c->mu);
     return code;
@@ -180,7 +192,7 @@ const cod_value *cod_server_data(const cod_conn *cc)
         return NULL;
     cod_conn *c = (cod_conn *)cc;
     pthread_mutex_lock(&c->mu);
-    cod_errrec *e = errrec(c, 0);
+    cod_errrec *e = cod_errrec_of(c, 0);
     json_t *d = e ? e->data : NULL;
     pthread_mutex_unlock(&c->mu);
     return (const cod_value *)d;

@@ -95,6 +95,10 @@ typedef struct cod_errrec {
     long long server_code;
     char *msg;
     json_t *data;
+    /* This thread's last write whose outcome is unknown (outcomes.c), for cod_retry. */
+    char *unsettled_method;
+    char *unsettled_params;    /* JSON text, its request_key included */
+    char *unsettled_key;
 } cod_errrec;
 
 struct cod_conn {
@@ -142,6 +146,8 @@ COD_HIDDEN void cod_clear_error(cod_conn *c);
  * Caller holds c->io. */
 COD_HIDDEN int cod_roundtrip(cod_conn *c, const char *method, json_t *params, json_t **reply);
 COD_HIDDEN int cod_roundtrip_text(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply);
+/* The same for a write: a reply lost after the whole request left is COD_EUNKNOWN (it may have run). */
+COD_HIDDEN int cod_roundtrip_write(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply);
 COD_HIDDEN int cod_roundtrip_query(cod_conn *c, json_t *params, json_t **reply);
 COD_HIDDEN int cod_roundtrip_query_text(cod_conn *c, const char *params, size_t plen, json_t **reply);
 COD_HIDDEN int cod_ensure_connected(cod_conn *c);  /* caller holds io; reconnects in automatic mode */
@@ -159,6 +165,18 @@ COD_HIDDEN void cod_on_upcall(cod_conn *c, cod_msg *m);
 
 /* errors.c */
 COD_HIDDEN void cod_set_connect_error(const char *msg);
+COD_HIDDEN cod_errrec *cod_errrec_of(cod_conn *c, int create); /* this thread's; caller holds c->mu */
+COD_HIDDEN void cod_errrec_free(cod_errrec *e);
+
+/* outcomes.c: writes with request keys (docs/protocol.md, "Write outcomes").  One write under
+ * c->io: params (JSON object text) get a fresh request_key; an unknown outcome is kept for
+ * cod_retry.  0 with *reply, or the error recorded. */
+COD_HIDDEN int cod_keyed_write(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply);
+/* A write method through cod_call: params as given; kept for cod_retry when they hold a request_key. */
+COD_HIDDEN int cod_keyed_call(cod_conn *c, const char *method, const char *params, size_t plen, json_t **reply);
+COD_HIDDEN int cod_is_write_method(const char *method);
+#define COD_REQUEST_KEY_LEN 33 /* 32 hex digits and the NUL */
+COD_HIDDEN int cod_new_request_key(char out[COD_REQUEST_KEY_LEN]); /* 0 or COD_ESYSTEM (errno) */
 
 /* state.c: what the application holds, from every successful call, and its replay. */
 COD_HIDDEN void cod_state_note(cod_conn *c, const char *method, const json_t *params, const json_t *result);

@@ -4,6 +4,7 @@
  * properties. */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 
@@ -339,6 +340,10 @@ typedef struct replay {
 
 static void add_call(replay *r, const char *method, json_t *params, int kind, json_t *key)
 {
+    /* With a request key: a call whose outcome is unknown is asked again, not dropped (settle). */
+    char rkey[COD_REQUEST_KEY_LEN];
+    if (params && cod_new_request_key(rkey) == 0)
+        json_object_set_new(params, "request_key", json_string(rkey));
     cod_buf b = {0};
     cod_buf_dump_json(&b, params);
     size_t size = b.len + 64;
@@ -347,9 +352,53 @@ static void add_call(replay *r, const char *method, json_t *params, int kind, js
     json_array_append_new(r->what, json_pack("[i, o, I]", kind, key ? key : json_null(), (json_int_t)size));
 }
 
+/* The outcome of a replayed call that was unknown (-32080): asked again with its key, alone, until
+ * it is known or the reconnection's time is up.  A new item to free, or NULL (still unknown). */
+static json_t *settle(replay *r, json_t *call)
+{
+    cod_conn *c = r->c;
+    double deadline = cod_now() + (c->reconnect_timeout_ms > 0 ? c->reconnect_timeout_ms : 10000) / 1000.0;
+    cod_buf b = {0};
+    if (cod_buf_dump_json(&b, json_object_get(call, "params")))
+        return NULL;
+    json_t *item = NULL;
+    long pause_ms = 50; /* a back-off: the daemon itself waits for the outcome before it answers */
+    for (int first = 1; !item && cod_now() + pause_ms / 1000.0 < deadline; first = 0) {
+        if (!first) {
+            struct timespec ts = {pause_ms / 1000, (pause_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+            pause_ms = pause_ms * 2 < 1000 ? pause_ms * 2 : 1000;
+        }
+        json_t *reply = NULL;
+        int rc = cod_roundtrip_write(c, json_string_value(json_object_get(call, "method")), b.p, b.len, &reply);
+        if (rc == 0) {
+            item = json_pack("{s:O}", "result", json_object_get(reply, "result"));
+        } else if (rc == COD_EUNKNOWN && cod_server_code(c) != -32080) {
+            r->lost = 1; /* its reply went with the connection */
+            break;
+        } else if (rc != COD_EUNKNOWN) {
+            item = json_pack("{s:{s:I, s:s}}", "error", "code", (json_int_t)cod_server_code(c), "message", cod_errstr(c));
+            r->lost = rc == COD_ECONN;
+        }
+        json_decref(reply);
+    }
+    cod_buf_free(&b);
+    return item;
+}
+
 static void apply(replay *r, json_t *call, json_t *what, json_t *item)
 {
     cod_conn *c = r->c;
+    json_t *settled = NULL;
+    if (json_integer_value(json_object_get(json_object_get(item, "error"), "code")) == -32080) {
+        item = settled = r->lost ? NULL : settle(r, call);
+        if (!item) { /* it may have been restored: kept, and sent again at the next reconnection */
+            r->failures++;
+            cod_set_error(c, COD_EREPLAY, -32080, NULL, "reconnected, but whether %s was restored is not known",
+                          json_string_value(json_object_get(call, "method")));
+            return;
+        }
+    }
     int kind = (int)json_integer_value(json_array_get(what, 0));
     json_t *key = json_array_get(what, 1);
     json_t *res = json_object_get(item, "result");
@@ -362,6 +411,7 @@ static void apply(replay *r, json_t *call, json_t *what, json_t *item)
         } else if (kind == R_TASK) {
             remember_allocation(c, json_object_get(res, "allocation"));
         }
+        json_decref(settled);
         return;
     }
     r->failures++;
@@ -382,6 +432,7 @@ static void apply(replay *r, json_t *call, json_t *what, json_t *item)
         json_t *f;
         json_array_foreach(json_object_get(params, "facts"), k, f) json_object_del(c->facts[scope], json_string_value(f));
     }
+    json_decref(settled);
 }
 
 /* Sends calls [from, to) as one batch. */

@@ -425,10 +425,11 @@ static void test_error_codes(void)
              {-32041, COD_EUNSAFE},  {-32042, COD_EQUERYTIME}, {-32043, COD_ESKB},     {-32051, COD_ESKB},
              {-32052, COD_EQUOTA},   {-32053, COD_ECANCELLED}, {-32031, COD_EQUOTA},  {-32071, COD_ESLOW},
              {-32060, COD_ESHUTDOWN}, {-32070, COD_EBUSY},    {-32077, COD_ESERVER},  {-32099, COD_ESERVER},
+             {-32080, COD_EUNKNOWN},
              {-1, COD_ESERVER}};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         CHECK(cod_error_from_server(t[i].server) == t[i].want, "%lld", t[i].server);
-    for (int code = 0; code >= COD_ESYSTEM; code--)
+    for (int code = 0; code >= COD_EUNKNOWN; code--)
         if (code > COD_EREPLAY || code <= COD_EREQUEST)
             CHECK(strcmp(cod_strerror(code), "unknown error") != 0, "code %d has a name", code);
     CHECK(strcmp(cod_strerror(-1000), "unknown error") == 0, "an unknown code");

@@ -27,6 +27,9 @@ const (
 	CodeNameTaken = -32021
 	CodeAdmission = -32030
 	CodeNotFound  = -32020
+	// A write that may or may not take effect: not a refusal; the same request with the same
+	// request_key on the same connection says which ("Write outcomes").
+	CodeOutcomeUnknown = -32080
 )
 
 // ErrClosed is returned by calls on a connection that has closed.
