@@ -95,6 +95,26 @@ class _EngineOutput(asyncio.Protocol):
             self.owner._on_exit(self)
 
 
+def _pipe_bytes(transport: asyncio.BaseTransport | None) -> int:
+    """Bytes waiting in a transport's pipe (FIONREAD: on the read end, written and not yet read; on the
+    write end, written by us and not yet read by the engine); 0 when it cannot tell."""
+    try:
+        pipe = transport.get_extra_info("pipe")  # type: ignore[union-attr]
+        buf = fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0")
+        return int.from_bytes(buf, sys.byteorder)
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
+def _unsent(stdin: asyncio.WriteTransport | None) -> int:
+    """What of our writes to the engine it has not read: in our buffer, and in the pipe."""
+    try:
+        buffered = stdin.get_write_buffer_size()  # type: ignore[union-attr]
+    except (AttributeError, OSError, ValueError):
+        buffered = 0
+    return buffered + _pipe_bytes(stdin)
+
+
 class AsyncSKB:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -288,19 +308,6 @@ class AsyncSKB:
         self._stdin.write(line)
         self._sent += len(line)
 
-    def _input_read(self) -> int:
-        """Bytes of its input the engine has read: what we sent less what waits in our buffer and
-        in the pipe (FIONREAD on the pipe's write end counts what is in the pipe)."""
-        waiting = 0
-        try:
-            waiting = self._stdin.get_write_buffer_size()  # type: ignore[union-attr]
-            pipe = self._stdin.get_extra_info("pipe")  # type: ignore[union-attr]
-            buf = fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0")
-            waiting += int.from_bytes(buf, sys.byteorder)
-        except (AttributeError, OSError, ValueError):
-            pass
-        return self._sent - waiting
-
     def _journal_hook(self, op: Op, rid: int) -> Callable[[Any], None]:
         def record(_result: Any) -> None:
             if self._session.succeeded(op, rid):
@@ -348,12 +355,12 @@ class AsyncSKB:
         waited = 0.0
         try:
             while True:
-                before, cpu, read = self._received, cpu_seconds(self.pid), self._input_read()
+                before, cpu, read = self._received, cpu_seconds(self.pid), self._sent - _unsent(self._stdin)
                 try:
                     await asyncio.wait_for(asyncio.shield(pong), PING_TIMEOUT_S)
                     return
                 except TimeoutError:
-                    now_read = self._input_read()
+                    now_read = self._sent - _unsent(self._stdin)
                     # While the engine still reads the requests sent before the ping (252 clients
                     # leaving at once: 252 abandons and releases ahead of it, read by one thread that
                     # gets ~2 % of a CPU at load 30), the ping is not yet its to answer: that time
@@ -367,7 +374,7 @@ class AsyncSKB:
                     if waited >= PING_MAX_WAIT_S:
                         why = f"it answered no ping in {waited:g} s"
                         raise
-                    if self._received == before and not busy and not self._output_unread():
+                    if self._received == before and not busy and not _pipe_bytes(self._output):
                         why = f"it did not answer a ping in {PING_TIMEOUT_S:g} s and made no progress"
                         raise
         except TimeoutError:
@@ -376,15 +383,6 @@ class AsyncSKB:
             why = f"its ping failed: {err.message}"
         if not self._closing:
             self._begin_restart(why)
-
-    def _output_unread(self) -> bool:
-        """Whether the engine has written output this process has not read yet (its delay is ours)."""
-        try:
-            pipe = self._output.get_extra_info("pipe")  # type: ignore[union-attr]
-            buf = fcntl.ioctl(pipe.fileno(), termios.FIONREAD, b"\0\0\0\0")
-            return int.from_bytes(buf, sys.byteorder) > 0
-        except (AttributeError, OSError, ValueError):
-            return False
 
     # ---- system-level facts ------------------------------------------
     async def load_machine(self, machine: "Machine") -> int:

@@ -218,8 +218,35 @@ def test_a_refused_min_cores_of_5000_digits_is_not_repeated_whole(daemon):
 
 
 # ---- a full state directory --------------------------------------------------------------------------
+def _fill(directory) -> object:
+    """Write a file in ``directory`` until its file system has no space left; the file, to free it."""
+    ballast = directory / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return ballast
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root to mount the small file system the state directory is full on")
 def test_a_full_state_directory_refuses_a_registration_clearly_and_changes_nothing(tmp_path):
+    # A state directory of its own on a 64 KiB tmpfs, filled once the daemon holds its lock. (The state
+    # file is written with O_NOFOLLOW since issue 47, so a symbolic link to /dev/full, this test's way
+    # before, is refused as a link, not as a full disk.)
     state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "cod-test-state", str(state)], check=True)
+    try:
+        _full_state_directory(tmp_path, state)
+    finally:
+        subprocess.run(["umount", "-l", str(state)], check=False)
+
+
+def _full_state_directory(tmp_path, state) -> None:
     d = start_daemon(tmp_path, "--enforce", "affinity", "--state-dir", str(state), "--busy-scope",
                      f"descendants:{os.getpid()}")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -228,7 +255,7 @@ def test_a_full_state_directory_refuses_a_registration_clearly_and_changes_nothi
         deadline = time.monotonic() + 10
         while not (state / "lock").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        (state / "enforce-state.json.tmp").symlink_to("/dev/full")  # every write of the state file: ENOSPC
+        ballast = _fill(state)  # every write of the state file: ENOSPC
         c = RawConn(d.path)
         c.hello("fullapp")
         r = c.call("register_task", {"name": "t", "pid": child.pid, "properties": {"min_cores": 1, "max_cores": 1},
@@ -244,7 +271,7 @@ def test_a_full_state_directory_refuses_a_registration_clearly_and_changes_nothi
         assert c.call("execute_query", {"goal": "task(T, _, _)"})["result"]["solutions"] == []
         assert os.sched_getaffinity(child.pid) == before
         # Space again: the same registration is admitted.
-        (state / "enforce-state.json.tmp").unlink()
+        ballast.unlink()
         r = c.call("register_task", {"name": "t", "pid": child.pid, "properties": {"min_cores": 1, "max_cores": 1}})
         assert "result" in r, r
         c.close()
