@@ -39,7 +39,7 @@ class RMConfig:
     max_inflight_per_connection: int = 32
     max_output_buffer_bytes: int = 8 << 20  # a peer that does not read its upcalls is dropped
     max_buffered_input_bytes: int = 64 << 20  # incomplete frames of all peers together
-    # ---- every client is bounded (docs/design-rm.md, "Threat model") ----
+    # ---- every client is bounded (docs/security.md, "The threat model") ----
     hello_timeout_s: float = 5.0         # a connection that has not said hello by then is closed
     frame_timeout_s: float = 10.0        # once a frame has begun, the rest must arrive within this
     write_timeout_s: float = 10.0        # a peer that reads nothing of what is sent for this long is closed

@@ -5,7 +5,7 @@ runs that connection's requests in order (so a client may pipeline
 `add_facts` then `execute_query`).  The queue bound is the backpressure: a peer
 that floods requests stops being read, so the daemon's memory stays bounded.
 
-Every peer is bounded in time as well (docs/design-rm.md, "Threat model"): it
+Every peer is bounded in time as well (docs/security.md, "The threat model"): it
 must say hello within ``hello_timeout_s``; once a frame has begun, its bytes
 must arrive within ``frame_timeout_s``; what the daemon sends must be read
 within ``write_timeout_s``.  A peer that does not is disconnected, with a

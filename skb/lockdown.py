@@ -1,4 +1,4 @@
-"""Take every privilege from the SKB engine, then exec it (docs/design-rm.md, "Threat model").
+"""Take every privilege from the SKB engine, then exec it (docs/security.md, "The threat model").
 
 Run as ``python -I -S lockdown.py [options] -- swipl ...`` between the driver
 and SWI-Prolog: it imports nothing but the standard library, so it starts in

@@ -89,7 +89,7 @@ class EngineConfig:
     load_library: bool = True
     library_dir: Path | None = None
     swipl: str = field(default_factory=lambda: shutil.which("swipl") or "swipl")
-    # ---- the engine's privileges (skb/lockdown.py, docs/design-rm.md "Threat model") ----
+    # ---- the engine's privileges (skb/lockdown.py, docs/security.md "The threat model") ----
     user: str = "cod-skb"  # whom the engine runs as when started by root (falls back to nobody)
     private_dir: str | None = None  # the one directory it may write (None: a fresh temporary one)
     landlock: bool = True  # False: as on a kernel without Landlock (tests)
