@@ -51,7 +51,7 @@ admitted(M, N, A, Head) :-
     sample(S),
     copy_term(Head0, Head),
     fill(M, Head, S),
-    catch(( cod_apps:check_goal_qualification(M, Head), safe_goal(M:Head) ), _, fail),
+    catch(( cod_checks:check_goal_qualification(M, Head), safe_goal(M:Head) ), _, fail),
     !.
 
 sample(unbound).
