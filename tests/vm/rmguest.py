@@ -39,7 +39,10 @@ def guest_daemon(tmp: Path, *extra: str) -> Iterator[Daemon]:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(test_rm_support, "COD", [sys.executable, "-c", RM_MAIN])
         d = Daemon(tmp / "rm.sock", ["--enforce", "cpuset", "--state-dir", str(tmp / "state"), "--cgroup-parent",
-                                     parent, "--log-level", "debug", *extra], tmp / "rm.log").start(timeout=SLOW)
+                                     parent, "--log-level", "debug",
+                                     # the planner process starts in ~0.5 s of CPU, ~25x that under TCG
+                                     "--set", f"deploy_plan_timeout_s={SLOW:g}", *extra],
+                     tmp / "rm.log").start(timeout=SLOW)
     try:
         yield d
     finally:

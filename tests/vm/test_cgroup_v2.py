@@ -141,7 +141,8 @@ def test_the_next_start_after_a_sigkill_removes_the_cgroup_and_restores(topo, st
         rm.wait()
     cg = os.path.join(MOUNT.path, PARENT, "victim")
     assert os.path.isdir(cg), "a crash undoes nothing"
-    enf = CpusetV2Enforcer(MOUNT, state_dir, parent=PARENT) if next_run == "cpuset" else AffinityEnforcer(state_dir)
+    enf = (CpusetV2Enforcer(MOUNT, state_dir, parent=PARENT) if next_run == "cpuset"
+           else AffinityEnforcer(state_dir, cgroup_parent=PARENT))  # the crashed run's parent (issue 47 item 7)
     try:
         done = enf.cleanup_stale()
         assert f"removed cgroup {cg}" in done
