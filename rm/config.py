@@ -72,7 +72,7 @@ class RMConfig:
     skb_thread_stack_bytes: int = EngineConfig.thread_stack_bytes  # the engine's writer (the daemon's changes)
     skb_query_stack_bytes: int = EngineConfig.query_stack_bytes  # a query's stacks, or, holding one of
     skb_large_stack_bytes: int = EngineConfig.large_stack_bytes  # skb_large_stacks grants, this
-    skb_large_stacks: int = EngineConfig.large_stacks  # (docs/design-rm.md, "Memory across the running queries")
+    skb_large_stacks: int = EngineConfig.large_stacks  # (docs/security.md, "Memory across the running queries")
     skb_app_slots: int = EngineConfig.app_slots  # queries of one application running at once
     skb_max_threads: int = EngineConfig.max_threads
     skb_worker_idle_s: float = EngineConfig.worker_idle_s

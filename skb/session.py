@@ -65,7 +65,7 @@ class EngineConfig:
     inference_limit: int | None = 10_000_000
     thread_stack_bytes: int = 256 << 20  # stack limit of the engine's writer thread (the daemon's changes)
     # Clients' work runs under query_stack_bytes, and under large_stack_bytes while it holds one of
-    # large_stacks grants (skb/prolog/cod_grants.pl; docs/design-rm.md "Memory across the running queries").
+    # large_stacks grants (skb/prolog/cod_grants.pl; docs/security.md, "Memory across the running queries").
     query_stack_bytes: int = 4 << 20
     large_stack_bytes: int = 128 << 20
     large_stacks: int = 4

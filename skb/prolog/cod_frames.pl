@@ -16,7 +16,7 @@ JSON (docs/protocol.md).  Reading a request frame and turning its JSON
 into a dict cost the engine ~15 us of CPU in Prolog, a third of a
 single-fact query's; skb/native/cod_frames.c does it with one read and
 one jansson parse, and writes a reply's frame without making a byte list
-of it (docs/design-rm.md, "A C front end for the frames").  `make setup`
+of it (docs/design-rm.md, "The frames in C").  `make setup`
 builds that library; without it (an install by pip alone) the same
 predicates run in Prolog, with the same results.
 

@@ -47,7 +47,7 @@ large grant while they run again:
 Make must be re-runnable (a read, or a query in snapshot/1: what it
 changed is dropped) and must not fail.  The bound this gives (with the
 threads' own C stacks and what trim_thread_stacks/0 leaves them) is
-worked out in docs/design-rm.md, "Memory across the running queries".
+worked out in docs/security.md, "Memory across the running queries".
 */
 
 :- meta_predicate
