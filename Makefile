@@ -143,7 +143,7 @@ nri-test: setup
 	@command -v go >/dev/null || $(MAKE) -s deps APT_PACKAGES=golang-go
 	cd clients/nri && go vet ./... && COD_BIN=$(CURDIR)/$(VENV)/bin/cod go test -count=1 ./...
 
-# libcod, its test programs and the Listing 1 example (tests/test_cclient.py runs them).
+# libcod, its test programs and the Listing 1 example (tests/clients/c/test_cclient.py runs them).
 cclient:
 	$(MAKE) -s -C clients/c all check-progs
 

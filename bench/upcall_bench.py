@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from helpers.upcall_load import (  # noqa: E402
     SLOW_SETTINGS, SUBSCRIBER_UIDS, AsUser, ConditionWatcher, cpu_seconds, hold_subscriptions, register_seconds,
     slow_conditions)
-from test_rm_support import NOBODY, RawConn, shared_dir, start_daemon  # noqa: E402
+from helpers.rm_support import NOBODY, RawConn, shared_dir, start_daemon  # noqa: E402
 
 SETTINGS = ["--machine", "magnycours", "--log-level", "warning"]
 KINDS = {

@@ -11,7 +11,7 @@ cores from task A for task B:
 Every event returns the new :class:`EpochState` and a :class:`Publication`:
 what to tell whom (``changes``), which tasks to pin again (``repin``), the
 holdings to write into the SKB, and when the next deadline falls.  Nothing
-here does I/O, so the rules are tested as tables (tests/test_rm_epochs.py);
+here does I/O, so the rules are tested as tables (tests/rm/test_rm_epochs.py);
 the ResourceManager carries publications out.
 """
 

@@ -1,6 +1,6 @@
 /*  plunit tests of stored_procedures/cscs.pl on the reference machines.
 
-    Run by tests/test_stored_procedures_plunit.py, which writes each
+    Run by tests/stored_procedures/test_stored_procedures_plunit.py, which writes each
     machine's facts (cod.facts' Prolog export) into the directory named by
     COD_TEST_MACHINES and runs:
         swipl -g run_tests -t halt stored_procedures/cscs.plt

@@ -1,6 +1,6 @@
 /*  plunit tests of stored_procedures/locality.pl on the reference machines.
 
-    Run by tests/test_stored_procedures_plunit.py (COD_TEST_MACHINES names
+    Run by tests/stored_procedures/test_stored_procedures_plunit.py (COD_TEST_MACHINES names
     the directory of the machines' facts):
         swipl -g run_tests -t halt stored_procedures/locality.plt
 */

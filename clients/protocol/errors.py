@@ -8,7 +8,7 @@ shell's ``ShellError`` and ``ConnectionProblem`` ...).  Where callers catch a
 built-in base it is kept as a second base (``DeployError(CodError,
 ValueError)``, ``PerfError(CodError, OSError)``).  It lives here, in the
 module every other part imports, because clients must not need the daemon's
-modules to catch it; tests/test_error_root.py walks every module of ``cod``
+modules to catch it; tests/project/test_error_root.py walks every module of ``cod``
 and checks each public exception class derives from it.
 """
 

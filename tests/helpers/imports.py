@@ -1,5 +1,5 @@
 """The import graph of the `cod` packages, read from the sources with `ast` (nothing is imported),
-and the import contract checked over it (tests/test_import_contract.py, issue #24).
+and the import contract checked over it (tests/project/test_import_contract.py, issue #24).
 
 The top-level folders map to ``cod.*`` through pyproject.toml's package-dir, so tools that
 follow folders do not see the layering; this reads the mapping and names every module as

@@ -1,4 +1,4 @@
-/*  The sandbox walk's census (tests/test_skb_sandbox_walk.py): every predicate an application's
+/*  The sandbox walk's census (tests/skb/test_skb_sandbox_walk.py): every predicate an application's
     code may call, as the SKB server would admit it.
 
     Loaded after cod_server.pl into a throw-away swipl, it does what the server's start does to the

@@ -1,4 +1,4 @@
-"""Loads on the daemon's upcalls (issue 47, items 5 and 6), for tests/test_rm_upcall_bounds.py and
+"""Loads on the daemon's upcalls (issue 47, items 5 and 6), for tests/rm/test_rm_upcall_bounds.py and
 bench/upcall_bench.py: another uid holding many subscriptions or many slow conditions, and what a
 well-behaved client measures meanwhile (a registration, a condition's upcall)."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from test_rm_support import RawConn  # noqa: E402
+from helpers.rm_support import RawConn  # noqa: E402
 
 # A condition that keeps a CPU busy for about 10 ms and stays false: the attacker's, 400 times
 # over.  Run under condition_timeout_s = 0.5 (SLOW_SETTINGS): on a loaded machine it takes longer,

@@ -13,8 +13,8 @@ from typing import Iterator
 import pytest
 
 from cod.rm.enforce.cgroupfs import find_cpuset_mount
-import test_rm_support
-from test_rm_support import Daemon, RawConn
+from helpers import rm_support
+from helpers.rm_support import Daemon, RawConn
 
 SLOW = 300.0  # seconds: generous under TCG, still a failure when nothing happens
 
@@ -37,7 +37,7 @@ def guest_daemon(tmp: Path, *extra: str) -> Iterator[Daemon]:
     end, which must leave no cgroup behind."""
     parent = f"cod-vm-{tmp.name}-{os.getpid()}"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(test_rm_support, "COD", [sys.executable, "-c", RM_MAIN])
+        mp.setattr(rm_support, "COD", [sys.executable, "-c", RM_MAIN])
         d = Daemon(tmp / "rm.sock", ["--enforce", "cpuset", "--state-dir", str(tmp / "state"), "--cgroup-parent",
                                      parent, "--log-level", "debug",
                                      # the planner process starts in ~0.5 s of CPU, ~25x that under TCG

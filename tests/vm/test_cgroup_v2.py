@@ -1,5 +1,5 @@
 """cpuset enforcement on cgroup v2 against the guest's kernel: what the v1 tests check on the
-host (tests/test_enforce_affinity.py runs in the guest too), plus what only v2 and several NUMA
+host (tests/rm/enforce/test_enforce_affinity.py runs in the guest too), plus what only v2 and several NUMA
 nodes show: cpuset.mems and where pages land, hogs confined, partitions, a crashed run cleaned
 up, and a broken cgroup write caught."""
 

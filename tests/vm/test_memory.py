@@ -331,7 +331,7 @@ def test_an_unmodified_process_under_the_preload_puts_new_pages_on_its_memory_no
 
     from rmguest import guest_daemon
     from test_cclient import BUILD, make
-    from test_rm_support import RawConn
+    from helpers.rm_support import RawConn
 
     make("all")
     with NumaBalancing(False), guest_daemon(tmp_path, "--enforce", "affinity") as d:

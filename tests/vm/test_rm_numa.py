@@ -14,8 +14,8 @@ from cod.rm.enforce.cgroupfs import find_cpuset_mount
 from helpers.procs import spawn, spinner_cmd  # noqa: F401 (fixtures)
 from helpers.waiting import wait_until
 from numa import Toucher, cgroup_confines, fmt, node_pages, status_list
-import test_rm_support
-from test_rm_support import Daemon, RawConn
+from helpers import rm_support
+from helpers.rm_support import Daemon, RawConn
 
 SLOW = 300.0  # seconds: generous under TCG, still a failure when nothing happens
 # pytest-timeout's 300 s (pyproject) would cut a wait of SLOW before it can say what it waited for.
@@ -40,7 +40,7 @@ def rm(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rm")
     parent = f"cod-vm-rm-{os.getpid()}"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(test_rm_support, "COD", [sys.executable, "-c", RM_MAIN])
+        mp.setattr(rm_support, "COD", [sys.executable, "-c", RM_MAIN])
         d = Daemon(tmp / "rm.sock", ["--enforce", "cpuset", "--state-dir", str(tmp / "state"), "--cgroup-parent",
                                      parent, "--log-level", "debug", "--busy-scope", f"descendants:{os.getpid()}",
                                      "--busy-window", "2"], tmp / "rm.log").start(timeout=SLOW)

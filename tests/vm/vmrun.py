@@ -51,9 +51,9 @@ QEMU_CPU = "max,la57=off"
 # offers (AHCI, CD-ROM, KVM, crypto), which takes over a minute under TCG.
 GUEST_MODULES = ("9p", "9pnet", "9pnet_virtio", "netfs", "overlay")
 # The host's enforcement tests do not depend on the number of nodes: one guest runs them.
-DEFAULT_TESTS = {"2x2": ["tests/vm", "tests/test_enforce_affinity.py"], "4x2": ["tests/vm"]}
+DEFAULT_TESTS = {"2x2": ["tests/vm", "tests/rm/enforce/test_enforce_affinity.py"], "4x2": ["tests/vm"]}
 # The sched_ext kernel's guest: the scheduler's own tests and the backend's host tests.
-SCX_TESTS = ["tests/vm/test_scx.py", "tests/test_enforce_scx.py"]
+SCX_TESTS = ["tests/vm/test_scx.py", "tests/rm/enforce/test_enforce_scx.py"]
 KERNELS = ("debian", "scx")
 # A cpuset kept for the guest's whole run: while one exists the kernel's cpusets_enabled() static
 # key stays on, instead of being patched in and out of the page allocator's code each time a test

@@ -3,7 +3,7 @@
 
 /** <module> A deliberate escape from the sandbox, for tests only
 
-Loaded as a trusted stored-procedure library only by tests/test_skb_lockdown.py
+Loaded as a trusted stored-procedure library only by tests/skb/test_skb_lockdown.py
 (through EngineConfig.library_dir), never by the daemon: these predicates
 run whatever an application asks, unchecked, inside the engine, to show
 what the engine's process may still do once its sandbox is escaped.
