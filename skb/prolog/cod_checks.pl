@@ -9,6 +9,7 @@
 :- use_module(library(sandbox)).
 :- use_module(library(lists)).
 :- use_module(cod_namespaces).
+:- use_module(cod_grants, [ensure_stack_room/1]).
 
 /** <module> Checks of application goals
 
@@ -91,7 +92,7 @@ strip_existential(G, G).
 %   application's own module is not a safety issue: declare it (dynamic,
 %   no clauses) and check again, so the rest of the body is still checked.
 check_safe(M, Goal) :-
-    catch(safe_goal(M:Goal), Error, true),
+    catch(checked_with_room(M:Goal), Error, true),
     (   var(Error)
     ->  true
     ;   Error = error(existence_error(procedure, M:Undef), _),
@@ -109,6 +110,19 @@ check_query_goal(M, Goal) :-
     (   safe_goal_known(Hash, M)
     ->  true
     ;   check_goal_qualification(M, Goal),
-        safe_goal(M:Goal),
+        checked_with_room(M:Goal),
         remember_safe_goal(Hash, M)
     ).
+
+%   checked_with_room(+M:Goal): safe_goal/1 once the calling thread has
+%   check_room_bytes of its stack limit free (ensure_stack_room/1), so that
+%   the check does not run out inside clause/3, whatever the request holds.
+%   A check allocates with the code it walks: at most 0.4 MB for any one
+%   admitted predicate with garbage collection off (docs/security.md, "A
+%   check never runs out of stack").
+checked_with_room(Goal) :-
+    check_room_bytes(Room),
+    ensure_stack_room(Room),
+    safe_goal(Goal).
+
+check_room_bytes(1048576).

@@ -4,6 +4,7 @@
 :- module(cod_grants,
           [ grants_init/1,           % +Options
             with_stack_grant/3,      % :Make, :Use, :Refused
+            ensure_stack_room/1,     % +Bytes
             trim_thread_stacks/0,
             outgrew_stacks/1,        % +Error
             outgrown/2,              % +Error, -Bool
@@ -122,6 +123,36 @@ with_stack_grant(Make, Use, Refused) :-
             call(Refused, Why)
         )
     ).
+
+%!  ensure_stack_room(+Bytes) is det.
+%
+%   The calling thread has Bytes of its stack limit free (after a garbage
+%   collection if it must), or this throws
+%   error(resource_error(stack), cod_stack_room(Bytes)), a stack overflow
+%   raised here in Prolog, which with_stack_grant/3 answers as it answers
+%   any: the request runs again under a large grant.  For the engine's own
+%   work inside a request whose memory grows with the engine's code, not
+%   the client's data: the sandbox check decompiles library clauses with
+%   clause/3, which cannot collect garbage while it runs, and SWI-Prolog
+%   9.0.4 leaves a stack overflow raised inside it pending ("foreign
+%   predicate clause/3 did not clear exception"); the engine went on in
+%   that state and died (issue 47's sandbox walk, in CI).
+ensure_stack_room(Bytes) :-
+    must_be(positive_integer, Bytes),
+    current_prolog_flag(stack_limit, Limit),
+    (   stacks_used(Used0), Limit - Used0 >= Bytes
+    ->  true
+    ;   garbage_collect,
+        stacks_used(Used), Limit - Used >= Bytes
+    ->  true
+    ;   throw(error(resource_error(stack), cod_stack_room(Bytes)))
+    ).
+
+stacks_used(Used) :-
+    statistics(globalused, G),
+    statistics(localused, L),
+    statistics(trailused, T),
+    Used is G + L + T.
 
 %   grant_wait(+Start, -Seconds, -Why): how long the calling thread may wait
 %   for a large grant, and the error it gets if none comes: at most

@@ -116,4 +116,32 @@ test(library_code_reaching_internals_is_still_checked_as_before) :-
     safe_goal(M:length(_, 2)),
     safe_goal(M:format(atom(_), "~w", [x])).
 
+%   A check needs room of its own: with the request's data leaving it less
+%   than check_room_bytes, it is refused as a stack overflow raised in
+%   Prolog (which the server answers by running the request again under a
+%   large grant), not run until it overflows inside clause/3 (SWI-Prolog
+%   9.0.4 left that overflow pending, and the engine died: issue 47).
+test(check_without_room_is_an_overflow_before_it_starts) :-
+    app(M),
+    G = forall(member(k(X), [k(check_room)]), ignore(catch((X = _, (nth0(_, _, _, _), msort(_, _), fail ; true)),
+                                                          error(_, _), true))),
+    thread_create(( numlist(1, 140000, Live),      % ~3.4 MB of the 4 MB limit, still in use below
+                    catch(cod_checks:check_query_goal(M, G), E, true),
+                    length(Live, _),
+                    thread_exit(E) ),
+                  Id, [stack_limit(4194304)]),
+    thread_join(Id, exited(E)),
+    assertion(subsumes_term(error(resource_error(stack), cod_stack_room(_)), E)).
+
+test(check_with_room_runs) :-
+    app(M),
+    G = forall(member(k(X), [k(check_room_2)]), ignore(catch((X = _, (nth0(_, _, _, _), fail ; true)),
+                                                            error(_, _), true))),
+    thread_create(( numlist(1, 60000, Live),
+                    cod_checks:check_query_goal(M, G),
+                    length(Live, _) ),
+                  Id, [stack_limit(4194304)]),
+    thread_join(Id, Status),
+    assertion(Status == true).
+
 :- end_tests(cod_guard).
