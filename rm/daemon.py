@@ -112,9 +112,13 @@ class Daemon:
                             self.cfg.events_poll_interval_s)
             if self.enforcer is None:
                 self.enforcer = open_enforcer(self.cfg, root)
-        from cod.skb import AsyncSKB
+        from cod.skb import AsyncSKB, native_libs
 
         from .enforce import NullEnforcer
+
+        missing_helpers = native_libs.startup_warning()  # once, here: the engine restarts say nothing
+        if missing_helpers:
+            log.warning("%s", missing_helpers)
 
         enforcer = self.enforcer if self.enforcer is not None else NullEnforcer()
         engine = self._engine_config()
