@@ -208,4 +208,4 @@ def test_bandwidth_without_a_daemon_just_prints(tmp_path):
     run = subprocess.run([*COD, "bandwidth", "--socket", str(tmp_path / "none.sock"), "--size-mib", "2",
                           "--iterations", "2"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "GB/s triad" in run.stdout and "not stored: no COD RM answers" in run.stdout
+    assert "GB/s triad" in run.stdout and "not stored: no COD daemon answers" in run.stdout
