@@ -20,7 +20,7 @@ class ExitStatus(IntEnum):
     FAILED = 5  # anything else at run time: the SKB engine stopped, the kernel or the daemon refused
 
 
-# What each status means, in the README's words (tests/test_cli_exit_codes.py compares the two).
+# What each status means, in the README's words (tests/clients/cli/test_cli_exit_codes.py compares the two).
 MEANING = {
     ExitStatus.OK: "done",
     ExitStatus.NOT_FOUND: "nothing found: a query without a solution, no such task or group",

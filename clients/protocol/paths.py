@@ -18,7 +18,7 @@ def default_socket_path() -> str:
 
 # What every client says when nothing answers on the socket: the Python client, the shell, the
 # C client (clients/c/src/conn.c), its preload library and the Go NRI plugin use these words
-# (tests/test_cli_exit_codes.py runs each and compares).
+# (tests/clients/cli/test_cli_exit_codes.py runs each and compares).
 NO_DAEMON = "no COD daemon answers on {path}: {why}"
 
 

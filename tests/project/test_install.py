@@ -65,7 +65,7 @@ def test_the_wheel_builds_without_a_warning_and_holds_the_data_files(tmp_path):
 
 # The engine's probe, run by the fresh environment's Python: is the seccomp filter in force? The
 # escape library (tests/data/skb_escape) runs a program through the ELF interpreter, which
-# Landlock alone lets through (tests/test_skb_lockdown.py) and only the filter refuses.
+# Landlock alone lets through (tests/skb/test_skb_lockdown.py) and only the filter refuses.
 SECCOMP_PROBE = """
 import json, sys
 from pathlib import Path

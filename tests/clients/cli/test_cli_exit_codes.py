@@ -17,9 +17,9 @@ from cod.cli.errors import MEANING, ExitStatus
 from cod.client import Client
 from cod.client.errors import NotConnected
 from cod.protocol.paths import no_daemon
-from test_rm_support import COD
+from helpers.paths import REPO
+from helpers.rm_support import COD
 
-REPO = Path(__file__).resolve().parents[1]
 CDIR = REPO / "clients" / "c"
 GRAPH = REPO / "docs" / "examples" / "plans" / "scan_join.json"
 

@@ -1,7 +1,7 @@
 """The SKB engine's native helpers when they are missing (issue 53, item 1): the daemon says so
 once, at its start, with the command that builds them for this install; a one-shot command
 (`cod query`) says nothing, as it would on every call.  (That every install builds them is
-tests/test_install.py's.)
+tests/project/test_install.py's.)
 
 Missing helpers are simulated in a subprocess whose launcher points the engine's paths at a
 directory that does not exist; the checkout's own helpers stay as they are."""
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-import test_rm_support
 from cod.skb.native_libs import BUILD_NEEDS, fix_command, startup_warning
+from helpers import rm_support
+from helpers.paths import REPO
 from helpers.waiting import load_scaled
 from test_rm_write_outcomes import engine_pid
 
-REPO = Path(__file__).resolve().parents[1]
 GONE = "/nonexistent/cod-native"
 
 # The launcher: `python launcher.py ARGS...` runs `cod ARGS...` with both helpers missing.
@@ -93,8 +93,8 @@ def test_cod_query_says_nothing_of_a_missing_helper(launcher, tmp_path):
 
 
 def test_the_daemon_says_it_once_at_start_with_the_fix(launcher, tmp_path, monkeypatch):
-    monkeypatch.setattr(test_rm_support, "COD", [sys.executable, str(launcher)])
-    d = test_rm_support.start_daemon(tmp_path, "--machine", "magnycours")
+    monkeypatch.setattr(rm_support, "COD", [sys.executable, str(launcher)])
+    d = rm_support.start_daemon(tmp_path, "--machine", "magnycours")
     try:
         first = engine_pid(d.proc.pid)
         assert first is not None
@@ -103,7 +103,7 @@ def test_the_daemon_says_it_once_at_start_with_the_fix(launcher, tmp_path, monke
         while engine_pid(d.proc.pid) in (None, first) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert engine_pid(d.proc.pid) not in (None, first), d.log_text()
-        c = test_rm_support.RawConn(d.path)  # and it still serves
+        c = rm_support.RawConn(d.path)  # and it still serves
         assert c.hello("probe")["machine"] == "magnycours"
         c.close()
     finally:

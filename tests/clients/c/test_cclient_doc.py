@@ -18,9 +18,9 @@ import pytest
 
 from cod.facts import from_args
 from test_client_listing1 import expected_cores
-from test_rm_support import start_daemon
+from helpers.paths import REPO
+from helpers.rm_support import start_daemon
 
-REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "cclient.md"
 CDIR = REPO / "clients" / "c"
 STRICT = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
