@@ -31,7 +31,6 @@ from .facts_cmd import add_machine_source
 from .terminal import terminal_safe_lines
 
 
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "deploy-plan", help="deploy a query plan's operators on the fewest cores (RAVs)",

@@ -31,7 +31,6 @@ from .plan_words import plan_sentence
 from .terminal import terminal_safe
 
 
-
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan", help="compute the CPU allocation for a task list",

@@ -143,11 +143,11 @@ def test_profile_pipes_into_deploy_plan(exe):
 
 def test_profile_errors(capsys):
     from cod.cli.main import main
-    assert main(["profile", "--pid", "999999999", "--seconds", "0.1"]) == 1
+    assert main(["profile", "--pid", "999999999", "--seconds", "0.1"]) == 2  # ExitStatus.BAD_INPUT: a pid on the command line that names nothing
     assert "process 999999999: no such process" in capsys.readouterr().err
-    assert main(["profile", "--pid", str(os.getpid()), "--seconds", "0"]) == 1
+    assert main(["profile", "--pid", str(os.getpid()), "--seconds", "0"]) == 2
     assert "--seconds: must be > 0" in capsys.readouterr().err
-    assert main(["profile", "--pid", str(os.getpid()), "--seconds", "0.1", "--threads", "("]) == 1
+    assert main(["profile", "--pid", str(os.getpid()), "--seconds", "0.1", "--threads", "("]) == 2
     assert "--threads: not a regular expression" in capsys.readouterr().err
 
 
