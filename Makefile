@@ -43,29 +43,28 @@ VM_TIMEOUT ?= 3600
 VMRUN := $(PYTHON) tests/vm/vmrun.py
 
 
-.PHONY: setup bpf deps demo test bench clean cclient skb-user nri-test vm-deps scx-deps vm-prepare vm-test vm-shell vm-suites
+.PHONY: setup native bpf deps demo test bench clean cclient skb-user nri-test vm-deps scx-deps vm-prepare vm-test vm-shell vm-suites
 
-# The SKB engine's seccomp filter against execve (skb/native/cod_noexec.c, preloaded by skb/lockdown.py).
-NOEXEC_SO := skb/native/cod_noexec.so
+# The SKB engine's native helpers (setup.py builds them in every install; the editable install
+# here builds them in place): its seccomp filter against execve (skb/native/cod_noexec.c, preloaded
+# by skb/lockdown.py) and the direct channel's frames in C (skb/native/cod_frames.c, loaded by
+# skb/prolog/cod_frames.pl; SWI-Prolog's foreign headers and jansson). Both are optional to pip,
+# not to make setup: a helper that did not build fails it here.
+NATIVE_SRC := skb/native/cod_noexec.c skb/native/cod_frames.c
+NATIVE_SO := $(NATIVE_SRC:.c=.so)
 # The unprivileged user the SKB engine runs as when the daemon is root (EngineConfig.user, RM skb_user).
 SKB_USER ?= cod-skb
 
-# The direct channel's frames in C (skb/native/cod_frames.c, loaded by skb/prolog/cod_frames.pl;
-# without it the same predicates run in Prolog): SWI-Prolog's foreign headers and jansson.
-FRAMES_SO := skb/native/cod_frames.so
-SWIPL_INCLUDE = $(shell swipl --dump-runtime-variables | sed -n 's/^PLBASE="\(.*\)";$$/\1/p')/include
+setup: deps $(STAMP) native skb-user bpf
 
-setup: deps $(STAMP) $(NOEXEC_SO) $(FRAMES_SO) skb-user bpf
+native: $(STAMP)
+	@ls $(NATIVE_SO) >/dev/null 2>&1 || $(EDITABLE_QUIET) $(VPY) -m pip install -q --no-deps -e .
+	@for so in $(NATIVE_SO); do test -f $$so || { \
+	  echo "$$so was not built: see the build_ext lines of '$(VPY) -m pip install -v --no-deps -e .'"; exit 1; }; done
 
 # The BPF process events' object and loader (rm/enforce/bpfevents.py; the RM uses the proc connector without them).
 bpf:
 	$(MAKE) -s -C rm/enforce/bpf
-
-$(NOEXEC_SO): skb/native/cod_noexec.c
-	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -o $@ $<
-
-$(FRAMES_SO): skb/native/cod_frames.c
-	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -shared -fPIC -I$(SWIPL_INCLUDE) -o $@ $< -ljansson
 
 # As root: a system user with no home, no shell and no password; without it the engine runs as nobody.
 skb-user:
@@ -87,7 +86,7 @@ deps:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py $(NATIVE_SRC)
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV) || { \
 	  echo "python3 -m venv failed: installing python3-venv"; \
 	  if [ "$$(id -u)" -eq 0 ]; then SUDO=""; else SUDO=sudo; fi; \
@@ -156,5 +155,5 @@ bench: setup
 	@for b in bench/*_bench.py; do echo "== $$b"; $(VPY) $$b; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(NOEXEC_SO) $(FRAMES_SO)
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis $(NATIVE_SO)
 	$(MAKE) -s -C rm/enforce/bpf clean

@@ -30,6 +30,11 @@ class StartupError(CodError):
     """The daemon cannot start; the message says why (socket in use, bad machine file, no SKB)."""
 
 
+class MachineUnreadable(StartupError):
+    """The machine the settings name cannot be read: an unknown name, a bad hwloc file (the user's
+    input, where the rest of StartupError is the system's)."""
+
+
 def setup_logging(level: str) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
@@ -45,7 +50,7 @@ def load_machine(cfg: RMConfig) -> Any:
     try:
         return from_args(hwloc=cfg.hwloc, machine=cfg.machine, whole_system=cfg.whole_system)
     except FactsError as err:
-        raise StartupError(str(err)) from None
+        raise MachineUnreadable(str(err)) from None
 
 
 def open_enforcer(cfg: RMConfig, root: bool) -> Any:
@@ -112,9 +117,13 @@ class Daemon:
                             self.cfg.events_poll_interval_s)
             if self.enforcer is None:
                 self.enforcer = open_enforcer(self.cfg, root)
-        from cod.skb import AsyncSKB
+        from cod.skb import AsyncSKB, native_libs
 
         from .enforce import NullEnforcer
+
+        missing_helpers = native_libs.startup_warning()  # once, here: the engine restarts say nothing
+        if missing_helpers:
+            log.warning("%s", missing_helpers)
 
         enforcer = self.enforcer if self.enforcer is not None else NullEnforcer()
         engine = self._engine_config()

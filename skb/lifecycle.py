@@ -28,7 +28,7 @@ from typing import Callable
 
 from cod.facts import procfs
 
-from . import codec, lockdown
+from . import codec, lockdown, native_libs
 from .codec import Op
 from .errors import SKBError
 from .session import (PROLOG_DIR, STARTUP_MAX_WAIT_S, STARTUP_PROGRESS_CPU_S, STARTUP_TIMEOUT_S, EngineConfig,
@@ -38,11 +38,11 @@ from .stderr_log import StderrLog
 log = logging.getLogger("cod.skb")
 
 LOCKDOWN = Path(__file__).resolve().parent / "lockdown.py"
-NATIVE_DIR = Path(__file__).resolve().parent / "native"
-NOEXEC_LIBRARY = NATIVE_DIR / "cod_noexec.so"
-# The direct channel's frames in C (native/cod_frames.c); the engine is told where it is
-# (COD_FRAMES_LIBRARY) and reads its frames in Prolog without it.
-FRAMES_LIBRARY = NATIVE_DIR / "cod_frames.so"
+# The native helpers, each used when built; a missing one is the daemon's to report, once, at
+# its start (native_libs.startup_warning), not each engine's.
+NATIVE_DIR = native_libs.NATIVE_DIR
+NOEXEC_LIBRARY = native_libs.NOEXEC_LIBRARY
+FRAMES_LIBRARY = native_libs.FRAMES_LIBRARY
 FIRST_REACH_FD = lockdown.FIRST_REACH_FD
 KILL_WAIT_S = 5.0
 
@@ -141,12 +141,6 @@ class EngineProcess:
             self._reach.append(str(library_dir().resolve()))
         if NOEXEC_LIBRARY.exists() or FRAMES_LIBRARY.exists():
             self._reach.append(str(NATIVE_DIR))
-        if not NOEXEC_LIBRARY.exists():
-            _warn_once("noexec", "%s is not built (make setup): the SKB engine runs without its seccomp "
-                       "filter against execve", NOEXEC_LIBRARY)
-        if not FRAMES_LIBRARY.exists():
-            _warn_once("frames", "%s is not built (make setup): the SKB engine reads the direct channel's "
-                       "frames in Prolog, at about twice the CPU", FRAMES_LIBRARY)
 
     # ---- where the engine finds things ---------------------------------------
     def engine_path(self, path: str | Path) -> str:
@@ -182,8 +176,10 @@ class EngineProcess:
             wrapper += ["--memory", str(cfg.memory_limit_bytes)]
         if NOEXEC_LIBRARY.exists():
             wrapper += ["--env", f"LD_PRELOAD={self.engine_path(NOEXEC_LIBRARY)}"]
-        if FRAMES_LIBRARY.exists():
-            wrapper += ["--env", f"COD_FRAMES_LIBRARY={self.engine_path(FRAMES_LIBRARY)}"]
+        # Empty when not built: the engine then reads its frames in Prolog, without looking for the
+        # library elsewhere (cod_frames.pl's ../native is for a swipl run in the checkout).
+        frames = self.engine_path(FRAMES_LIBRARY) if FRAMES_LIBRARY.exists() else ""
+        wrapper += ["--env", f"COD_FRAMES_LIBRARY={frames}"]
         tmp = self.engine_path(self.private_dir)
         wrapper += ["--env", f"TMPDIR={tmp}", "--env", f"TMP={tmp}"]
         if not cfg.landlock:

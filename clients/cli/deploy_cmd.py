@@ -26,11 +26,9 @@ from cod.facts.user_input import InputError, loads_json, read_bytes, read_stream
 from cod.rm.deploy import DeployError, InfeasibleError, Options, deploy, parse_graph
 from cod.rm.deploy.render import render_text
 
-from .errors import UserError
+from .errors import ExitStatus, UserError
 from .facts_cmd import add_machine_source
 from .terminal import terminal_safe_lines
-
-INFEASIBLE_STATUS = 2
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -122,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         machine = from_args(sysfs_root=args.sysfs_root, hwloc=args.hwloc, machine=args.machine)
     except FactsError as err:
-        raise UserError(str(err), 2) from None
+        raise UserError(str(err)) from None
     try:
         graph = parse_graph(read_graph(args.graph))
     except DeployError as err:
@@ -146,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
                           node_bandwidth_source=source)
         plan = deploy(graph, machine, options)
     except InfeasibleError as err:
-        raise UserError(str(err), INFEASIBLE_STATUS) from None
+        raise UserError(str(err), ExitStatus.DOES_NOT_FIT) from None
     except DeployError as err:
         raise UserError(str(err)) from None
     if args.format == "json":

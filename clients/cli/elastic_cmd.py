@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from .errors import UserError
+from .errors import ExitStatus, UserError, daemon_error_status
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -91,12 +91,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         with Client(path, app=None, reconnect=False, call_timeout_s=30.0) as client:
             result = client.call(*call)
-    except NotConnected as err:
-        raise UserError(str(err)) from None  # it names the socket and why: "no COD RM answers on PATH: ..."
+    except NotConnected as err:  # it names the socket and why: "no COD daemon answers on PATH: ..."
+        raise UserError(str(err), ExitStatus.UNREACHABLE) from None
     except RMError as err:
-        raise UserError(err.message) from None
+        raise UserError(err.message, daemon_error_status(err)) from None
     except CodError as err:
-        raise UserError(str(err)) from None
+        raise UserError(str(err), ExitStatus.FAILED) from None
     if args.list:
         result = {"elastic_groups": result.get("elastic_groups", [])}
     json.dump(result, sys.stdout)

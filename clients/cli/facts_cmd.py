@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         machine = machine_of(args)
     except FactsError as err:
-        raise UserError(str(err), 2) from None
+        raise UserError(str(err)) from None
     partitions = resctrl_snapshot(args.resctrl_root)
     if args.format == "json":
         out = json.dumps({**machine.to_dict(), **({"resctrl": partitions} if partitions else {})}, indent=1) + "\n"
@@ -82,4 +82,4 @@ def resctrl_snapshot(root: str | None) -> dict | None:
     try:
         return snapshot(fs)
     except EnforceError as err:
-        raise UserError(str(err), 2) from None
+        raise UserError(str(err)) from None

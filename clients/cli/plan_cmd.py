@@ -6,7 +6,7 @@ or TOML) maps task names to CPU lists: ``{"cscs": [0, 1, 2]}``; the others
 file lists unregistered busy processes the allocator keeps CPUs for:
 ``{"others": [{"name": "other.1234", "cores": 1, "cpus": [0]}, ...]}`` with the
 keys of :class:`cod.rm.allocator.OtherDemand`.  Infeasible allocations are
-printed and exit with status 2.
+printed and exit with status 4 (ExitStatus.DOES_NOT_FIT).
 """
 
 from __future__ import annotations
@@ -24,13 +24,11 @@ from cod.facts.model import FactsError, Machine
 from cod.facts.user_input import InputError, loads_json, loads_toml, read_bytes
 from cod.rm.allocator import SOLVERS, AllocationResult, OtherDemand, TaskSpec, TaskSpecError, allocate
 
-from .errors import UserError
+from .errors import ExitStatus, UserError
 from .facts_cmd import add_machine_source, machine_of
 from .matrix import BUSY, HELD, NOT_HELD, RESERVED, MatrixRow, cpu_groups, legend, matrix_lines, plain_text
 from .plan_words import plan_sentence
 from .terminal import terminal_safe
-
-INFEASIBLE_STATUS = 2
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -117,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         machine = machine_of(args)
     except FactsError as err:
-        raise UserError(str(err), 2) from None
+        raise UserError(str(err)) from None
     tasks = load_tasks(args.tasks)
     current = load_current(args.current) if args.current else None
     others = load_others(args.others) if args.others else []
@@ -134,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(result.to_dict(), indent=1) + "\n")
     else:
         sys.stdout.write(render_text(machine, result, unavailable))
-    return INFEASIBLE_STATUS if result.status == "infeasible" else 0
+    return ExitStatus.DOES_NOT_FIT if result.status == "infeasible" else ExitStatus.OK
 
 
 def render_text(machine: Machine, result: AllocationResult, unavailable: list[int] = (),

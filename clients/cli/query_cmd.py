@@ -17,7 +17,7 @@ import sys
 from cod.facts import FactsError
 from cod.facts.user_input import InputError, read_bytes
 
-from .errors import UserError
+from .errors import ExitStatus, UserError
 from .facts_cmd import add_machine_source, machine_of
 
 
@@ -63,11 +63,11 @@ def run(args: argparse.Namespace) -> int:
             solutions = skb.execute_query(args.app, args.goal, all_solutions=not args.first,
                                           timeout_s=args.timeout)
     except SKBError as err:
-        raise UserError(err.message, status=2 if err.code == "engine" else 1) from None
+        raise UserError(err.message, ExitStatus.FAILED if err.code == "engine" else ExitStatus.BAD_INPUT) from None
     out = sys.stdout
     for solution in solutions:
         out.write(json.dumps(solution) + "\n")
     if not solutions:
         print("no solutions", file=sys.stderr)
-        return 1
-    return 0
+        return ExitStatus.NOT_FOUND
+    return ExitStatus.OK

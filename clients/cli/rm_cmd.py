@@ -6,7 +6,7 @@ import argparse
 
 from cod.rm.allocator.model import SOLVERS
 
-from .errors import UserError
+from .errors import ExitStatus, UserError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -81,7 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cod.rm.config import ConfigError, build_config
-    from cod.rm.daemon import StartupError
+    from cod.rm.daemon import MachineUnreadable, StartupError
     from cod.rm.daemon import run as run_daemon
 
     try:
@@ -111,8 +111,10 @@ def run(args: argparse.Namespace) -> int:
             solver_time_limit_s=args.solver_time_limit_s,
         )
     except ConfigError as err:
-        raise UserError(str(err), 2) from None
+        raise UserError(str(err)) from None
     try:
         return run_daemon(cfg)
+    except MachineUnreadable as err:
+        raise UserError(str(err)) from None
     except StartupError as err:
-        raise UserError(str(err), 1) from None
+        raise UserError(str(err), ExitStatus.FAILED) from None

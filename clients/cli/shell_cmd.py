@@ -4,8 +4,9 @@
     cod shell --machine NAME | --hwloc FILE      an SKB of its own, no daemon
     cod shell ... -c 'QUERY-or-COMMAND'          run a script and exit (also: statements on standard input)
 
-Exit status of scripts: 0 when every statement succeeded, 1 when a query had
-no answer and nothing failed, 2 when anything failed.
+Exit status of scripts: the worst of its statements' (cod.cli.errors.ExitStatus): 0 when every
+statement succeeded, 1 when a query had no answer, 2 when a statement was refused, 3 when no daemon
+answers, 5 when anything else failed.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def _backend(args: argparse.Namespace):
         try:
             machine = from_args(machine=args.machine, hwloc=args.hwloc)
         except FactsError as err:
-            raise UserError(str(err), 2) from None
+            raise UserError(str(err)) from None
         source = f"machine {args.machine}" if args.machine else f"hwloc {args.hwloc}"
         return EmbeddedBackend(machine, args.app, source=source)
     from cod.protocol.paths import default_socket_path
@@ -70,22 +71,22 @@ def _script_on_stdin() -> str:
     try:
         return read_stream(sys.stdin.buffer).decode("utf-8")
     except InputError as err:
-        raise UserError(f"the script on standard input is {err}", 2) from None
+        raise UserError(f"the script on standard input is {err}") from None
     except UnicodeDecodeError as err:
-        raise UserError(f"the script on standard input is not UTF-8 text: {err}", 2) from None
+        raise UserError(f"the script on standard input is not UTF-8 text: {err}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from .shell.commands import COMMANDS
-    from .shell.errors import STATUS_ERROR, STATUS_OK, ConnectionProblem, describe
+    from .shell.errors import STATUS_ERROR, STATUS_OK, ConnectionProblem, describe, status_of
     from .shell.output import Output
     from .shell.session import Settings, Shell
     from .shell.statements import split
 
     if args.timeout is not None and args.timeout <= 0:
-        raise UserError("--timeout must be positive", 2)
+        raise UserError("--timeout must be positive")
     scripted = bool(args.commands) or not sys.stdin.isatty()
     out = Output(fmt=args.format, color=args.color, interactive=not scripted)
     settings = Settings()
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         problem = describe(err)
         if args.format == "json":
             out.json({"input": None, "error": problem.to_dict()})
-        raise UserError(problem.message, STATUS_ERROR) from None
+        raise UserError(problem.message, status_of(problem)) from None
     shell = Shell(backend, out, commands=COMMANDS, interactive=not scripted, settings=settings)
     try:
         if not scripted:

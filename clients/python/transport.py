@@ -14,6 +14,7 @@ from typing import Any
 
 from cod.protocol.framing import MAX_FRAME_BYTES, FrameDecoder, encode
 from cod.protocol.jsonrpc import PROTOCOL_VERSION, SHUTDOWN_EVENT, loads
+from cod.protocol.paths import no_daemon
 
 from .errors import (CallTimeout, CodError, ConnectionLost, NotConnected, ProtocolMismatch, ReplyLost, RMError,
                      error_from_reply)
@@ -31,7 +32,7 @@ class Transport(ClientParts):
             sock.connect(self.path)
         except OSError as err:
             sock.close()
-            raise NotConnected(f"no COD RM answers on {self.path}: {err.strerror or err}") from None
+            raise NotConnected(no_daemon(self.path, err.strerror or str(err))) from None
         return sock
 
     def _open(self, sock: socket.socket, *, ready: bool = True) -> None:

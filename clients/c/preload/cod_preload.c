@@ -211,7 +211,7 @@ __attribute__((constructor)) static void cod_preload_start(void)
     }
     conn = cod_connect(NULL, getenv("COD_APP"));
     if (!conn) {
-        say("no COD RM", cod_connect_error());
+        say(cod_connect_error(), NULL); /* "no COD daemon answers on PATH: why", as every client says */
         return;
     }
     cod_allocation first = {0};

@@ -128,9 +128,9 @@ class DaemonBackend(Backend):
     def _connect(self) -> Client:
         try:
             client = Client(self.path, app=self._requested_app, reconnect=False, call_timeout_s=120.0)
-        except client_errors.NotConnected:
-            raise ConnectionProblem(f"no COD daemon answers on {self.path}; start one with `cod rm` "
-                                    f"or give its socket with --socket", lost=False) from None
+        except client_errors.NotConnected as err:  # the clients' one sentence, and what to do
+            raise ConnectionProblem(f"{err}; start one with `cod rm` or give its socket with --socket",
+                                    lost=False) from None
         except OSError as err:
             raise ConnectionProblem(f"cannot reach the daemon on {self.path}: {err.strerror or err}",
                                     lost=False) from None

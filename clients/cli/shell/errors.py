@@ -16,10 +16,15 @@ from cod.client import errors as client_errors
 from cod.protocol.errors import CodError
 from cod.skb import SKBError as EngineError
 
-# Exit statuses of `cod shell` in scripts.
-STATUS_OK = 0
-STATUS_FALSE = 1  # a query had no answer (the top level's `false.`)
-STATUS_ERROR = 2  # anything went wrong
+from ..errors import ExitStatus
+
+# Exit statuses of `cod shell` in scripts: those of every subcommand (cod.cli.errors.ExitStatus).
+STATUS_OK = ExitStatus.OK
+STATUS_FALSE = ExitStatus.NOT_FOUND  # a query had no answer (the top level's `false.`)
+STATUS_ERROR = ExitStatus.BAD_INPUT  # a statement was refused (syntax, sandbox, a bad command or argument)
+# The problems that are not the statement's fault, by kind.
+STATUS_OF_KIND = {"unreachable": ExitStatus.UNREACHABLE, "lost": ExitStatus.UNREACHABLE,
+                  "internal": ExitStatus.FAILED, "os": ExitStatus.FAILED, "daemon": ExitStatus.FAILED}
 
 
 class ShellError(CodError):
@@ -37,6 +42,11 @@ class ConnectionProblem(CodError):
     def __init__(self, message: str, *, lost: bool) -> None:
         super().__init__(message)
         self.lost = lost
+
+
+def status_of(problem: "Problem") -> ExitStatus:
+    """The exit status a script gets for a statement that met ``problem``."""
+    return STATUS_OF_KIND.get(problem.kind, STATUS_ERROR)
 
 
 @dataclass

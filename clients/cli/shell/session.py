@@ -18,7 +18,7 @@ from cod.skb import SKBError as EngineError
 
 from .answers import MAX_SOLUTIONS, AnswerStream
 from .backend import Backend
-from .errors import STATUS_ERROR, STATUS_FALSE, STATUS_OK, Problem, ShellError, describe
+from .errors import STATUS_ERROR, STATUS_FALSE, STATUS_OK, Problem, ShellError, describe, status_of
 from .output import Output
 from .statements import PSQL_PREFIX, Command, Query, Statement, psql_hint
 
@@ -135,9 +135,10 @@ class Shell:
             return STATUS_ERROR
         except Exception as err:
             source = stmt.text if isinstance(stmt, Query) else None
-            self._report(describe(err, source=source, timeout_s=self.settings.timeout or DEFAULT_TIMEOUT_S,
-                                  commands=frozenset(self.commands)), stmt)
-            return STATUS_ERROR
+            problem = describe(err, source=source, timeout_s=self.settings.timeout or DEFAULT_TIMEOUT_S,
+                               commands=frozenset(self.commands))
+            self._report(problem, stmt)
+            return status_of(problem)
         for note in self.backend.take_notes():
             self.out.note(note)
         return status

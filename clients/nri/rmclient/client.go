@@ -85,7 +85,7 @@ func Dial(ctx context.Context, path, app string) (*Conn, error) {
 	var d net.Dialer
 	sock, err := d.DialContext(ctx, "unix", path)
 	if err != nil {
-		return nil, fmt.Errorf("no COD RM answers on %s: %w", path, err)
+		return nil, fmt.Errorf("no COD daemon answers on %s: %w", path, err)
 	}
 	c := &Conn{sock: sock, waiting: map[int64]chan message{}, upcalls: make(chan Upcall, 256), done: make(chan struct{})}
 	go c.readLoop()

@@ -114,4 +114,4 @@ def test_without_an_rm_the_process_runs_unmanaged_and_says_so(preload, tmp_path)
     finally:
         proc.kill()
         proc.wait()
-    assert proc.stderr.read().startswith("cod_preload: no COD RM")
+    assert proc.stderr.read().startswith("cod_preload: no COD daemon answers on ")

@@ -1,8 +1,8 @@
 """Bad input to the `cod` command (issue 47, item 10), through the real command in a subprocess.
 
 Each row is one bad input: the command answers one line on stderr, no traceback, and its
-documented failing status (1 for a bad file; 2 for a bad machine source or daemon setting, as
-docs/design-facts.md and docs/running.md say); in the shell a refusal, and the next statement
+documented failing status (2, bad input, for a bad file, machine source or daemon setting alike:
+cod.cli.errors.ExitStatus, the README's table); in the shell a refusal, and the next statement
 still runs.  Every run is capped at 2 GiB of address space (a soft limit, which the SKB engine
 may raise for itself), so that a reader without a bound, which reads ``/dev/zero`` until memory
 runs out, fails its row with a MemoryError instead of taking the machine's memory; an endless
@@ -187,29 +187,29 @@ ROWS = [
      "two Package objects with os_index 0"),
     ("plan --hwloc negative os_index", ["plan", "--hwloc", "{d}/negative_pu.xml", "--tasks", "{d}/tasks.json"],
      None, 2, "is negative"),
-    ("tasks JSON nested 100000 deep", ["plan", *MACHINE, "--tasks", "{d}/deep.json"], None, 1,
+    ("tasks JSON nested 100000 deep", ["plan", *MACHINE, "--tasks", "{d}/deep.json"], None, 2,
      f"task file {{d}}/deep.json: {TOO_DEEP}"),
-    ("tasks TOML nested 100000 deep", ["plan", *MACHINE, "--tasks", "{d}/deep.toml"], None, 1, TOO_DEEP),
-    ("tasks /dev/zero", ["plan", *MACHINE, "--tasks", "/dev/zero"], None, 1, f"task file /dev/zero: {TOO_LARGE}"),
-    ("tasks endless FIFO", ["plan", *MACHINE, "--tasks", "{fifo:json}"], None, 1, TOO_LARGE),
-    ("current /dev/zero", ["plan", *MACHINE, "--tasks", "{d}/tasks.json", "--current", "/dev/zero"], None, 1,
+    ("tasks TOML nested 100000 deep", ["plan", *MACHINE, "--tasks", "{d}/deep.toml"], None, 2, TOO_DEEP),
+    ("tasks /dev/zero", ["plan", *MACHINE, "--tasks", "/dev/zero"], None, 2, f"task file /dev/zero: {TOO_LARGE}"),
+    ("tasks endless FIFO", ["plan", *MACHINE, "--tasks", "{fifo:json}"], None, 2, TOO_LARGE),
+    ("current /dev/zero", ["plan", *MACHINE, "--tasks", "{d}/tasks.json", "--current", "/dev/zero"], None, 2,
      f"current allocation /dev/zero: {TOO_LARGE}"),
-    ("others /dev/zero", ["plan", *MACHINE, "--tasks", "{d}/tasks.json", "--others", "/dev/zero"], None, 1,
+    ("others /dev/zero", ["plan", *MACHINE, "--tasks", "{d}/tasks.json", "--others", "/dev/zero"], None, 2,
      TOO_LARGE),
-    ("a file name with a newline", ["plan", *MACHINE, "--tasks", "{d}/a\nb.json"], None, 1,
+    ("a file name with a newline", ["plan", *MACHINE, "--tasks", "{d}/a\nb.json"], None, 2,
      "a\\nb.json: No such file or directory"),
-    ("graph JSON nested 100000 deep", ["deploy-plan", *MACHINE, "--graph", "{d}/deep.json"], None, 1, TOO_DEEP),
+    ("graph JSON nested 100000 deep", ["deploy-plan", *MACHINE, "--graph", "{d}/deep.json"], None, 2, TOO_DEEP),
     ("graph nested one past the limit in an ignored key", ["deploy-plan", *MACHINE, "--graph", "{d}/graph65.json"],
-     None, 1, TOO_DEEP),
-    ("graph /dev/zero", ["deploy-plan", *MACHINE, "--graph", "/dev/zero"], None, 1, f"graph /dev/zero: {TOO_LARGE}"),
-    ("graph /dev/zero on stdin", ["deploy-plan", *MACHINE, "--graph", "-"], Path("/dev/zero"), 1,
+     None, 2, TOO_DEEP),
+    ("graph /dev/zero", ["deploy-plan", *MACHINE, "--graph", "/dev/zero"], None, 2, f"graph /dev/zero: {TOO_LARGE}"),
+    ("graph /dev/zero on stdin", ["deploy-plan", *MACHINE, "--graph", "-"], Path("/dev/zero"), 2,
      f"graph stdin: {TOO_LARGE}"),
-    ("graph endless FIFO", ["deploy-plan", *MACHINE, "--graph", "{fifo:json}"], None, 1, TOO_LARGE),
-    ("graph two-operator cycle", ["deploy-plan", *MACHINE, "--graph", "{d}/cycle2.json"], None, 1,
+    ("graph endless FIFO", ["deploy-plan", *MACHINE, "--graph", "{fifo:json}"], None, 2, TOO_LARGE),
+    ("graph two-operator cycle", ["deploy-plan", *MACHINE, "--graph", "{d}/cycle2.json"], None, 2,
      "edges: 'b' -> 'a' -> 'b' is a cycle of 2 operators"),
-    ("graph three-operator cycle", ["deploy-plan", *MACHINE, "--graph", "{d}/cycle3.json"], None, 1,
+    ("graph three-operator cycle", ["deploy-plan", *MACHINE, "--graph", "{d}/cycle3.json"], None, 2,
      "is a cycle of 3 operators"),
-    ("query --load /dev/zero", ["query", *MACHINE, "--load", "/dev/zero", "true"], None, 1,
+    ("query --load /dev/zero", ["query", *MACHINE, "--load", "/dev/zero", "true"], None, 2,
      f"/dev/zero: {TOO_LARGE}"),
     ("rm --config /dev/zero", ["rm", "--socket", "{d}/rm.sock", *MACHINE, "--config", "/dev/zero"], None, 2,
      TOO_LARGE),

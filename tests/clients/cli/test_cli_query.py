@@ -61,4 +61,4 @@ def test_no_daemon_is_said_once(tmp_path: Path) -> None:
     result = cod("elastic", "--list", "--socket", str(sock))
     assert result.returncode != 0 and "Traceback" not in result.stderr
     [line] = result.stderr.strip().splitlines()
-    assert line.count(str(sock)) == 1 and "no COD RM answers" in line and "No such file" in line, line
+    assert line.count(str(sock)) == 1 and "no COD daemon answers" in line and "No such file" in line, line

@@ -50,7 +50,7 @@ def test_errors_are_typed_and_carry_the_servers_code(magny, tmp_path):
         with pytest.raises(AdmissionRefused) as err:
             c.register_task("late", min_cores=10)
         assert (err.value.requested, err.value.free) == (10, 4)
-    with pytest.raises(NotConnected, match="no COD RM answers"):
+    with pytest.raises(NotConnected, match="no COD daemon answers"):
         Client.connect(str(tmp_path / "nothing.sock"))
 
 

@@ -157,9 +157,9 @@ def test_plan_text_matrix_names_a_small_node_whole(task_file, capsys):
     assert len(numa) == len(cpu) == len(row) and row.split("|")[1].split() == ["X", "X"]
 
 
-def test_plan_infeasible_exits_2(task_file, capsys):
+def test_plan_infeasible_exits_4(task_file, capsys):
     js = task_file("t.json", json.dumps({"tasks": [{"name": "huge", "min_cores": 1000}]}))
-    assert main(["plan", "--machine", "barcelona", "--tasks", js, "--format", "json"]) == 2
+    assert main(["plan", "--machine", "barcelona", "--tasks", js, "--format", "json"]) == 4  # ExitStatus.DOES_NOT_FIT
     out = json.loads(capsys.readouterr().out)
     assert out["status"] == "infeasible" and "'huge'" in out["reason"]
 
@@ -175,7 +175,7 @@ def test_plan_infeasible_exits_2(task_file, capsys):
 )
 def test_plan_bad_task_file(task_file, capsys, text, words):
     path = task_file("bad.json", text)
-    assert main(["plan", "--machine", "barcelona", "--tasks", path]) == 1
+    assert main(["plan", "--machine", "barcelona", "--tasks", path]) == 2  # ExitStatus.BAD_INPUT
     err = capsys.readouterr().err
     assert err.startswith("cod plan: error:") and err.count("\n") == 1
     for w in words:

@@ -55,17 +55,19 @@ def test_stdin_and_node_bandwidth(capsys, monkeypatch):
     assert status == 0 and json.loads(out)["numa_nodes"]["count"] == 1
 
 
+# Status 2 (ExitStatus.BAD_INPUT) for a bad file or argument, 4 (DOES_NOT_FIT) for a graph the
+# machine cannot hold.
 @pytest.mark.parametrize("argv, stdin, status, message", [
-    (["--graph", "/nonexistent/g.json"], None, 1, "graph /nonexistent/g.json: No such file"),
-    (["--graph", "-"], "{not json", 1, "graph stdin: not valid JSON"),
-    (["--graph", "-"], '{"operators": [{"id": "a", "cpu_util": 2}]}', 1, "cpu_util: must be a number in [0, 1]"),
-    (["--graph", "-", "--capacity", "0"], '{"operators": [{"id": "a", "cpu_util": 0.5}]}', 1, "capacity"),
-    (["--graph", "-", "--node-bandwidth", "9=1e9"], '{"operators": [{"id": "a", "cpu_util": 0.5}]}', 1,
+    (["--graph", "/nonexistent/g.json"], None, 2, "graph /nonexistent/g.json: No such file"),
+    (["--graph", "-"], "{not json", 2, "graph stdin: not valid JSON"),
+    (["--graph", "-"], '{"operators": [{"id": "a", "cpu_util": 2}]}', 2, "cpu_util: must be a number in [0, 1]"),
+    (["--graph", "-", "--capacity", "0"], '{"operators": [{"id": "a", "cpu_util": 0.5}]}', 2, "capacity"),
+    (["--graph", "-", "--node-bandwidth", "9=1e9"], '{"operators": [{"id": "a", "cpu_util": 0.5}]}', 2,
      "has no NUMA node 9"),
-    (["--graph", "-", "--node-bandwidth", "fast"], '{"operators": [{"id": "a", "cpu_util": 0.5}]}', 1,
+    (["--graph", "-", "--node-bandwidth", "fast"], '{"operators": [{"id": "a", "cpu_util": 0.5}]}', 2,
      "not a number"),
-    (["--graph", "-", "--unavailable", "x"], '{"operators": [{"id": "a", "cpu_util": 0.5}]}', 1, "--unavailable"),
-    (["--graph", "-", "--unavailable", "0-15"], '{"operators": [{"id": "a", "cpu_util": 0.5}]}', 2,
+    (["--graph", "-", "--unavailable", "x"], '{"operators": [{"id": "a", "cpu_util": 0.5}]}', 2, "--unavailable"),
+    (["--graph", "-", "--unavailable", "0-15"], '{"operators": [{"id": "a", "cpu_util": 0.5}]}', 4,
      "needs 1 cores; shanghai has 0 usable"),
 ])
 def test_errors_are_one_line_with_a_status(argv, stdin, status, message, capsys, monkeypatch):

@@ -143,11 +143,11 @@ def test_profile_pipes_into_deploy_plan(exe):
 
 def test_profile_errors(capsys):
     from cod.cli.main import main
-    assert main(["profile", "--pid", "999999999", "--seconds", "0.1"]) == 1
+    assert main(["profile", "--pid", "999999999", "--seconds", "0.1"]) == 2  # ExitStatus.BAD_INPUT: a pid on the command line that names nothing
     assert "process 999999999: no such process" in capsys.readouterr().err
-    assert main(["profile", "--pid", str(os.getpid()), "--seconds", "0"]) == 1
+    assert main(["profile", "--pid", str(os.getpid()), "--seconds", "0"]) == 2
     assert "--seconds: must be > 0" in capsys.readouterr().err
-    assert main(["profile", "--pid", str(os.getpid()), "--seconds", "0.1", "--threads", "("]) == 1
+    assert main(["profile", "--pid", str(os.getpid()), "--seconds", "0.1", "--threads", "("]) == 2
     assert "--threads: not a regular expression" in capsys.readouterr().err
 
 
@@ -208,4 +208,4 @@ def test_bandwidth_without_a_daemon_just_prints(tmp_path):
     run = subprocess.run([*COD, "bandwidth", "--socket", str(tmp_path / "none.sock"), "--size-mib", "2",
                           "--iterations", "2"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "GB/s triad" in run.stdout and "not stored: no COD RM answers" in run.stdout
+    assert "GB/s triad" in run.stdout and "not stored: no COD daemon answers" in run.stdout

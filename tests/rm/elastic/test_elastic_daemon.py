@@ -121,9 +121,9 @@ def test_cod_elastic_registers_and_removes_a_group(tmp_path, spawn):
         r = cod_elastic(d, "--remove", "--name", "nope", check=False)
         assert r.returncode == 1 and "no elastic group named 'nope'" in r.stderr
         r = cod_elastic(d, "--remove", check=False)
-        assert r.returncode == 1 and "exactly one of" in r.stderr
+        assert r.returncode == 2 and "exactly one of" in r.stderr
         r = cod_elastic(d, check=False)
-        assert r.returncode == 1 and "--pid PID or --cgroup PATH" in r.stderr
+        assert r.returncode == 2 and "--pid PID or --cgroup PATH" in r.stderr
     finally:
         d.stop()
 

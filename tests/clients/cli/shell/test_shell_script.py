@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from cod.client import Client
+from cod.cli.errors import ExitStatus
 from cod.rm.config import RMConfig
 from helpers.paths import TESTS
 from helpers.rm_support import COD, start_daemon
@@ -150,10 +151,10 @@ def test_json_errors_and_failures(world) -> None:
 
 def test_no_daemon(tmp_path: Path) -> None:
     r = run_shell("--socket", str(tmp_path / "none.sock"), "-c", "true.")
-    assert r.returncode == 2
-    assert f"No COD daemon answers on {tmp_path / 'none.sock'}; start one with `cod rm`" in r.stderr
+    assert r.returncode == ExitStatus.UNREACHABLE == 3  # as in every subcommand (issue 53 item 4)
+    assert f"No COD daemon answers on {tmp_path / 'none.sock'}: No such file or directory; start one with `cod rm`" in r.stderr
     r = run_shell("--socket", str(tmp_path / "none.sock"), "--format", "json", "-c", "true.")
-    assert r.returncode == 2 and json_lines(r.stdout)[0]["error"]["kind"] == "unreachable"
+    assert r.returncode == 3 and json_lines(r.stdout)[0]["error"]["kind"] == "unreachable"
 
 
 def test_embedded_skb_script() -> None:
