@@ -45,7 +45,8 @@ class _Box:
     children: list["_Box"] = field(default_factory=list)
 
 
-def _count(n: int, noun: str) -> str:
+def count_noun(n: int, noun: str) -> str:
+    """`1 core`, `2 cores`: the one way COD's text counts things."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
@@ -53,15 +54,15 @@ def render(machine: Machine) -> str:
     m = machine
     online = [p for p in m.pus if p.online]
     offline = [p.id for p in m.pus if not p.online]
-    head = (f"Machine {m.name} ({m.source}): {_count(len(m.packages), 'package')}, "
-            f"{_count(len(m.numa_nodes), 'NUMA node')}, {len(m.l3_caches())} L3, {_count(len(m.cores), 'core')}, "
-            f"{_count(len(online), 'PU')}, {human_bytes(m.total_memory_bytes)}")
+    head = (f"Machine {m.name} ({m.source}): {count_noun(len(m.packages), 'package')}, "
+            f"{count_noun(len(m.numa_nodes), 'NUMA node')}, {len(m.l3_caches())} L3, {count_noun(len(m.cores), 'core')}, "
+            f"{count_noun(len(online), 'PU')}, {human_bytes(m.total_memory_bytes)}")
     lines = [head]
     core_of = {p.id: p.core for p in m.pus}
 
     def counts(cpus: frozenset[int]) -> str:
         n_cores = len({core_of[c] for c in cpus if c in core_of})
-        return f"{_count(n_cores, 'core')}, {_count(len(cpus), 'PU')}: {format_cpulist(cpus)}"
+        return f"{count_noun(n_cores, 'core')}, {count_noun(len(cpus), 'PU')}: {format_cpulist(cpus)}"
 
     boxes = [_Box(0, frozenset(p.cpus), f"Package P#{p.id}") for p in m.packages]
     for n in m.numa_nodes:

@@ -55,6 +55,8 @@ from .registry import Connection, Peer
 log = logging.getLogger("cod.rm.transport")
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+# The mode of each directory of the socket path that the daemon creates (claim_socket_path).
+SOCKET_DIR_MODE = 0o755
 READ_CHUNK = 256 << 10
 # Messages queued within this time of each other count as queued at the first one's time: a
 # peer's backlog keeps a few marks per second, not one per message.
@@ -71,9 +73,22 @@ def peer_credentials(sock: socket.socket) -> Peer:
     return Peer(pid=pid, uid=uid, gid=gid)
 
 
+def _make_socket_dirs(directory: str) -> None:
+    # 0755, not the umask's: clients of any user must reach the socket, whose own mode and owner
+    # (socket_mode, socket_owner) say who may connect.
+    missing: list[str] = []
+    while directory and not os.path.isdir(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory.rstrip("/"))
+    for created in reversed(missing):
+        os.makedirs(created, exist_ok=True)
+        os.chmod(created, SOCKET_DIR_MODE)
+
+
 def claim_socket_path(path: str) -> None:
-    """Make `path` free to bind: remove a stale socket left by a crash, refuse a live one."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    """Make `path` free to bind: create its missing directories (mode 0755, whatever the umask),
+    remove a stale socket left by a crash, refuse a live one."""
+    _make_socket_dirs(os.path.dirname(path) or ".")
     try:
         st = os.lstat(path)
     except FileNotFoundError:

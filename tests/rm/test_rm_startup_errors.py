@@ -44,3 +44,20 @@ def test_a_full_state_directory_is_one_line(tmp_path: Path, full_dir: Path) -> N
     [line] = r.stderr.strip().splitlines()
     assert f"cannot write to the state directory {state}: No space left on device" in line, line
     assert not (tmp_path / "rm.sock").exists()
+
+
+@pytest.mark.parametrize("umask", [0o000, 0o077])
+def test_the_socket_directories_it_creates_are_755(tmp_path: Path, umask: int) -> None:
+    """`--socket /a/missing/dir/rm.sock` creates each missing directory 0755 whatever the umask
+    (docs/running.md): 0777 would let anyone replace the socket, 0700 would lock every other user out."""
+    from rm.transport import SOCKET_DIR_MODE, claim_socket_path
+
+    path = tmp_path / "a" / "missing" / "dir" / "rm.sock"
+    old = os.umask(umask)
+    try:
+        claim_socket_path(str(path))
+    finally:
+        os.umask(old)
+    for d in (tmp_path / "a", tmp_path / "a" / "missing", path.parent):
+        assert d.is_dir() and d.stat().st_mode & 0o7777 == SOCKET_DIR_MODE == 0o755, oct(d.stat().st_mode)
+    assert tmp_path.stat().st_mode & 0o7777 != 0 and not path.exists()

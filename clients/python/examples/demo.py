@@ -13,6 +13,7 @@ import json
 import sys
 
 from cod.facts import from_args, machines
+from cod.facts.text import count_noun, human_bytes
 from cod.skb import SKB, SKBError
 
 CSCS_FACTS = ["db_ntuple(30000000)", "db_tsize(315)", "db_nquery(2048)", "db_nupdate(0)"]
@@ -26,6 +27,15 @@ def show(skb: SKB, app: str, goal: str) -> None:
     print(f"  ?- {goal}")
     for solution in skb.execute_query(app, goal):
         print(f"     {json.dumps(solution)}")
+
+
+def show_memory(skb: SKB) -> None:
+    """The memory facts in the units the rest of the demo uses (the SKB's answer is in bytes)."""
+    goal = "get_list_numa_sizes(Sizes), get_free_memory(Free)"
+    print(f"  ?- {goal}")
+    for solution in skb.execute_query("demo", goal):
+        sizes = ", ".join(human_bytes(n) for n in solution["Sizes"])
+        print(f"     NUMA node sizes [{sizes}], free {human_bytes(solution['Free'])}")
 
 
 # dbos_cost_function's Status (stored_procedures/cscs.pl), in words.
@@ -50,13 +60,13 @@ def deploy(skb: SKB, sla_s: int) -> dict:
 
 def main() -> int:
     here = from_args()
-    print(f"== SKB on this machine ({here.source}): {len(here.cpu_ids())} CPUs, "
-          f"{len(here.numa_nodes)} NUMA node(s)")
+    print(f"== SKB on this machine ({here.source}): {count_noun(len(here.cpu_ids()), 'CPU')}, "
+          f"{count_noun(len(here.numa_nodes), 'NUMA node')}")
     with SKB() as skb:
         skb.load_machine(here)
         show(skb, "demo", "get_nr_cores(N)")
         show(skb, "demo", "get_list_free_cpus(Cpus)")
-        show(skb, "demo", "get_list_numa_sizes(Sizes), get_free_memory(Free)")
+        show_memory(skb)
         show(skb, "demo", "cpu_affinity(0, Core, Node)")
 
         print("\n== CSCS pushes its facts and cost function (Listing 1)")
@@ -77,7 +87,7 @@ def main() -> int:
         [free] = skb.execute_query("demo", "get_list_free_cpus(Cpus), length(Cpus, N)")
         for sla in (2, 4, 8):
             a = deploy(skb, sla)
-            print(f"  SLA {sla} s: {a['NrCores']} cores, partitions of {a['PartSize'] / 2**30:.2f} GiB: "
+            print(f"  SLA {sla} s: {count_noun(a['NrCores'], 'core')}, partitions of {a['PartSize'] / 2**30:.2f} GiB: "
                   f"{status_text(a['Status'], free['N'])}")
 
     print("\n== Listing 3 on the machines of the paper (Table 3)")
@@ -87,7 +97,7 @@ def main() -> int:
             skb.add_facts("cscs", CSCS_FACTS)
             skb.add_procedure("cscs", CSCS_COST_FN)
             cores = [deploy(skb, sla)["NrCores"] for sla in (2, 4, 8)]
-        print(f"  {name:11s} SLA 2/4/8 s -> {cores[0]} / {cores[1]} / {cores[2]} cores")
+        print(f"  {name:11s} SLA 2/4/8 s -> {cores[0]} / {cores[1]} / {count_noun(cores[2], 'core')}")
     return 0
 
 

@@ -93,6 +93,17 @@ def test_register_request_and_upcalls_on_the_handler_thread(acking):
         assert b.list_tasks() == []
 
 
+def test_on_allocation_receives_the_tasks_first_allocation_too(magny):
+    """docs/pyclient.md: the reply's allocation also comes as an upcall, same epoch, nothing removed."""
+    seen: list[dict] = []
+    with Client.connect(str(magny.path), app="first") as c:
+        reply = c.register_task("scan", max_cores=4, on_allocation=seen.append)
+        assert wait_until(lambda: seen)
+        first = reply["allocation"]
+        assert seen[0]["epoch"] == first["epoch"] and seen[0]["cores"] == first["cores"]
+        assert seen[0]["removed"] == []
+
+
 def test_manual_dispatch_for_callers_with_their_own_loop(magny):
     got: list[dict] = []
     with Client.connect(str(magny.path), handlers="manual") as c, Client.connect(str(magny.path)) as other:

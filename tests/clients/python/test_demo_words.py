@@ -19,6 +19,10 @@ def test_demo_says_the_status_in_words_and_the_same_limit_as_the_shell() -> None
     demo = subprocess.run([sys.executable, str(REPO / "clients" / "python" / "examples" / "demo.py")],
                           capture_output=True, text=True, timeout=300)
     assert demo.returncode == 0, demo.stderr
+    # Counts agree with their number, and memory is in the units the other lines use (issue 53).
+    assert not re.search(r"\b1 (cores|CPUs|PUs|NUMA nodes)\b|\(s\)", demo.stdout), demo.stdout
+    memory = demo.stdout.split("get_free_memory(Free)", 1)[1].splitlines()[1]
+    assert re.search(r"[KMGT]iB", memory) and not re.search(r"\d{7,}", memory), memory
     sla = [line for line in demo.stdout.splitlines() if line.strip().startswith("SLA ") and "status" in line]
     assert len(sla) == 3, demo.stdout
     words = {"0": "the deployment fits", "1": "not enough free CPUs here", "2": "the data does not fit"}
