@@ -37,8 +37,8 @@ VM_KERNEL ?= debian
 # its source, dwarves' pahole for its BTF, bpftool for vmlinux.h, clang-19 for scx_cod's BPF).
 SCX_APT_PACKAGES := flex bison bc libelf-dev libssl-dev zlib1g-dev xz-utils dwarves bpftool clang-19
 # make vm-suites' guests, TOPOLOGY:KERNEL, one after the other: both topologies on Debian's kernel,
-# and the scheduler's tests (vmrun.py's SCX_TESTS) in the 2x2 guest on the sched_ext kernel.
-VM_SUITES := 2x2:debian 4x2:debian 2x2:scx
+# and the scheduler's tests (vmrun.py's SCX_TESTS) on the sched_ext kernel, split between both.
+VM_SUITES := 2x2:debian 4x2:debian 2x2:scx 4x2:scx
 VM_TIMEOUT ?= 3600
 VMRUN := $(PYTHON) tests/vm/vmrun.py
 

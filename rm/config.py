@@ -86,7 +86,8 @@ class RMConfig:
     direct_reserved_privileged_connections: int = EngineConfig.direct_reserved_privileged_connections
     direct_max_pending: int = EngineConfig.direct_max_pending  # waiting for hello; a new one closes the oldest
     # ---- enforcement and monitoring (issue #6) ----
-    enforce_mode: str = "auto"           # auto (sched_ext where scx_cod runs, else cpuset as root when mounted, else affinity) | affinity | cpuset | sched_ext | none
+    enforce_mode: str = "auto"           # auto (sched_ext where scx_cod runs, else cpuset as root when mounted, else affinity) | affinity | cpuset | sched_ext | sched_ext,cpuset | sched_ext,affinity | none (rm/enforce/modes.py)
+    scx_loader: str | None = None        # --enforce sched_ext: the scx_cod loader to run (None: the checkout's, PREFIX/libexec/cod/scx_cod, PATH)
     state_dir: str | None = None         # records of what was pinned, for crash cleanup; None: /run/cod as root
     cgroup_parent: str = "cod"           # the cpuset cgroup under which each task gets its own
     resctrl_root: str = "/sys/fs/resctrl"  # cache partitioning (MLS); no resctrl mount there: off (logged)
@@ -131,7 +132,9 @@ class RMConfig:
         return root if self.confine_others is None else self.confine_others
 
 
-ENFORCE_MODES = ("auto", "affinity", "cpuset", "sched_ext", "none")
+from .enforce.modes import AUTO, MODES  # noqa: E402  (one list of enforcement modes)
+
+ENFORCE_MODES = (AUTO, *MODES)
 from .allocator.model import SOLVERS  # noqa: E402  (one list of solvers)
 from .enforce.slice import RT_PRIORITY_MAX  # noqa: E402
 

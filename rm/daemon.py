@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import uvloop
 
+from cod.facts.text import count_noun
 from cod.protocol.errors import CodError
 from cod.protocol.jsonrpc import SHUTDOWN_EVENT, Request, notification
 
@@ -62,20 +63,50 @@ def open_enforcer(cfg: RMConfig, root: bool) -> Any:
 
     mode = cfg.enforce_mode if cfg.enforce else "none"
     if mode == "auto" and root and scheduler_state() is None:
-        mode = "sched_ext"  # scx_cod runs: the scheduler carries out the allocation
+        mode = "sched_ext,cpuset"  # scx_cod runs: the scheduler carries out the allocation
     elif mode == "auto":
         mode = "cpuset" if root and find_cpuset_mount() is not None else "affinity"
     state_dir = cfg.state_dir or default_state_dir()
+    supervisor = None
     try:
-        enforcer = detect(mode, state_dir, root=root,
-                          cgroup_parent=cfg.cgroup_parent, memory_migrate=cfg.memory_migrate)
+        supervisor = _start_scheduler(cfg, mode, root)
+        enforcer = detect(mode, state_dir, root=root, cgroup_parent=cfg.cgroup_parent,
+                          memory_migrate=cfg.memory_migrate, supervisor=supervisor)
         enforcer.cleanup_stale()
     except EnforceError as err:
+        if supervisor is not None:
+            supervisor.stop()
         raise StartupError(f"enforcement ({mode}): {err}") from None
     except OSError as err:  # e.g. a full file system: one line naming the directory, not a traceback
+        if supervisor is not None:
+            supervisor.stop()
         raise StartupError(f"enforcement ({mode}): cannot write to the state directory {state_dir}: "
                            f"{err.strerror or err} (free space there, or choose another with --state-dir)") from None
     return enforcer
+
+
+def _start_scheduler(cfg: RMConfig, mode: str, root: bool) -> Any:
+    """For ``--enforce sched_ext``: the scx_cod loader the daemon starts (a ScxSupervisor), or
+    None when scx_cod already runs (someone else's: used, left running) or the mode names a
+    fallback and the scheduler cannot run (a warning).  Refused with the reason otherwise."""
+    from .enforce.modes import split_mode
+    from .enforce.scxmaps import scheduler_state
+    from .enforce.scxsupervisor import ScxSupervisor, find_loader, why_it_cannot_run
+
+    primary, asked = split_mode(mode)
+    if primary != "sched_ext" or scheduler_state() is None:
+        return None
+    loader = find_loader(cfg.scx_loader)
+    why = why_it_cannot_run(loader, root=root)
+    if why is not None and asked is not None:
+        log.warning("enforcement: --enforce %s: scx_cod cannot run (%s); serving on %s", mode, why[0], asked)
+        return None
+    if why is not None:
+        raise StartupError(f"--enforce sched_ext: {why[0]}: {why[1]}")
+    assert loader is not None
+    supervisor = ScxSupervisor(loader)
+    supervisor.start()
+    return supervisor
 
 
 class Daemon:
@@ -170,8 +201,9 @@ class Daemon:
             self._close_enforcer()
             raise StartupError(str(err)) from None
         log.info(
-            "serving machine %s (%d CPUs, %d NUMA nodes), enforcement %s, allocator %s (time limit %g s)",
-            self.machine.name, len(self.machine.cpu_ids()), len(self.machine.numa_nodes),
+            "serving machine %s (%s, %s), enforcement %s, allocator %s (time limit %g s)",
+            self.machine.name, count_noun(len(self.machine.cpu_ids()), "CPU"),
+            count_noun(len(self.machine.numa_nodes), "NUMA node"),
             self.enforcer.describe() if self.enforcer is not None else "off (planning only)",
             self.cfg.solver, self.cfg.solver_time_limit_s,
         )

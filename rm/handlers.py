@@ -207,9 +207,11 @@ async def list_predicates(rm: ResourceManager, conn: Connection, p: Params) -> A
 
 async def get_topology(rm: ResourceManager, conn: Connection, p: Params) -> Any:
     p.done()
-    return {"machine": rm.machine.to_dict(),
-            "enforcement": {"mode": rm.enforce_mode,
-                            "in_force": rm.enforcer.describe() if rm.cfg.enforce else "none"}}
+    enforcement = {"mode": rm.enforce_mode, "in_force": rm.enforcer.describe() if rm.cfg.enforce else "none"}
+    warning = rm.enforcer.degraded() if rm.cfg.enforce else None
+    if warning is not None:
+        enforcement["warning"] = warning
+    return {"machine": rm.machine.to_dict(), "enforcement": enforcement}
 
 
 # ---- tasks ------------------------------------------------------------------------------------

@@ -274,8 +274,7 @@ class Monitor:
 
     # ---- live state ------------------------------------------------------------------------
     def _refresh_tick(self) -> None:
-        check = getattr(self.enforcer, "check", None)  # sched_ext: is the scheduler still there?
-        if check is not None and check():
+        if self.enforcer.check():  # sched_ext: is the scheduler still there?
             log.warning("enforcement now: %s", self.enforcer.describe())
         # Operator threads named since (missed events, or the poller, which sees no names).
         for task in self.rm.tasks():

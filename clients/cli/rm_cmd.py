@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from cod.rm.allocator.model import SOLVERS
+from cod.rm.enforce.modes import MODES as ENFORCE_CHOICES
 
 from .errors import ExitStatus, UserError
 
@@ -25,13 +26,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--hwloc", metavar="FILE",
                      help="plan for the machine of an hwloc XML file (implies --no-enforce)")
     enf = p.add_mutually_exclusive_group()
-    enf.add_argument("--enforce", dest="enforce_mode", choices=["affinity", "cpuset", "sched_ext", "none"], default=None,
+    enf.add_argument("--enforce", dest="enforce_mode", choices=ENFORCE_CHOICES, default=None, metavar="MODE",
                      help="how allocations are applied: cpuset (a cgroup per task, root), affinity "
-                          "(sched_setaffinity on every thread), sched_ext (the maps of the BPF scheduler "
-                          "scx_cod; cpuset while it is not running) or none (default: sched_ext where "
-                          "scx_cod runs, else cpuset when root and mounted, else affinity)")
+                          "(sched_setaffinity on every thread), sched_ext (the BPF scheduler scx_cod, which "
+                          "the daemon starts unless it runs; the daemon refuses to start where it cannot), "
+                          "sched_ext,cpuset or sched_ext,affinity (that backend, with a warning, where "
+                          "scx_cod cannot run) or none (default: sched_ext where scx_cod runs, else cpuset "
+                          "when root and mounted, else affinity)")
     enf.add_argument("--no-enforce", dest="enforce", action="store_const", const=False, default=None,
                      help="compute and announce allocations but do not pin any process (= --enforce none)")
+    p.add_argument("--scx-loader", metavar="PATH",
+                   help="with --enforce sched_ext: the scx_cod loader to run (default: the checkout's "
+                        "kernel_patches/scx_cod/build/scx_cod, else PREFIX/libexec/cod/scx_cod, else scx_cod on PATH)")
     p.add_argument("--state-dir", metavar="DIR",
                    help="where the daemon records what it pinned, for cleanup after a crash "
                         "(default: /run/cod as root, else $XDG_RUNTIME_DIR/cod)")
@@ -98,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             revoke_deadline_s=args.revoke_deadline_s,
             enforce_mode=args.enforce_mode,
             state_dir=args.state_dir,
+            scx_loader=args.scx_loader,
             cgroup_parent=args.cgroup_parent,
             resctrl_root=args.resctrl_root,
             memory_migrate=args.memory_migrate,

@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .affinity import AffinityEnforcer
-    from .backend import MODES, Enforcer, NullEnforcer, default_state_dir, detect
+    from .backend import Enforcer, NullEnforcer, default_state_dir, detect
+    from .modes import MODES
     from .cpuset import CpusetV1Enforcer, CpusetV2Enforcer
     from .errors import EnforceError
 
 _HOME = {
-    "MODES": "backend", "Enforcer": "backend", "NullEnforcer": "backend", "default_state_dir": "backend",
+    "MODES": "modes", "Enforcer": "backend", "NullEnforcer": "backend", "default_state_dir": "backend",
     "detect": "backend", "AffinityEnforcer": "affinity", "CpusetV1Enforcer": "cpuset",
     "CpusetV2Enforcer": "cpuset", "EnforceError": "errors",
 }

@@ -26,11 +26,11 @@ from .affinity import AffinityEnforcer
 from .cgroupfs import MOUNTS, find_cpuset_mount
 from .cpuset import CpusetV1Enforcer, CpusetV2Enforcer
 from .errors import EnforceError
-from .recording import check_task_name
+from .modes import MODES, split_mode
+from .recording import SteadyMechanism, check_task_name
 
 log = logging.getLogger("cod.rm.enforce")
 
-MODES = ("affinity", "cpuset", "sched_ext", "none")
 
 
 @runtime_checkable
@@ -38,6 +38,13 @@ class Enforcer(Protocol):
     name: str
 
     def describe(self) -> str: ...
+
+    def check(self) -> bool:
+        """Follow a mechanism that can go away (sched_ext's scheduler): True when the one in
+        force changed.  The monitor calls it every live-state period."""
+
+    def degraded(self) -> str | None:
+        """A warning while the mechanism in force is not the one asked for; else None."""
 
     def apply(self, task: str, pids: Sequence[int], cpus: Sequence[int], mems: Sequence[int]) -> list[int]:
         """Confine the task's pids (all threads) to cpus/mems; returns the live pids."""
@@ -70,7 +77,7 @@ class Enforcer(Protocol):
         """Release every task and free the state directory."""
 
 
-class NullEnforcer:
+class NullEnforcer(SteadyMechanism):
     """``--enforce none``: the RM computes plans and notifies, the kernel is untouched."""
 
     name = "none"
@@ -125,23 +132,27 @@ def default_state_dir() -> str:
 
 
 def detect(mode: str, state_dir: str, *, root: bool | None = None, cgroup_parent: str = "cod",
-           memory_migrate: bool = False, exclusive: bool = False, mounts: str = MOUNTS) -> Enforcer:
-    """The backend for ``mode`` (affinity|cpuset|sched_ext|none), falling back when not allowed.
+           memory_migrate: bool = False, exclusive: bool = False, mounts: str = MOUNTS,
+           supervisor=None) -> Enforcer:
+    """The backend for ``mode`` (one of modes.MODES), falling back when not allowed.
 
     ``cpuset`` without root or without a cpuset controller falls back to
-    ``affinity`` (logged once, with the reason).  The returned enforcer's
+    ``affinity`` (logged once, with the reason).  ``sched_ext`` modes hold a fallback
+    (the one named, else cpuset) for while scx_cod is not running; ``supervisor`` is the
+    loader the daemon started (cod.rm.enforce.scxsupervisor).  The returned enforcer's
     ``describe()`` names the backend and cgroup version for the start-up log.
     """
     if mode not in MODES:
         raise EnforceError(f"unknown enforcement mode {mode!r}; choose one of {', '.join(MODES)}")
     root = is_root() if root is None else root
+    primary, asked = split_mode(mode)
     if mode == "none":
         enforcer: Enforcer = NullEnforcer()
-    elif mode == "sched_ext":
+    elif primary == "sched_ext":
         from .scx import ScxEnforcer
-        fallback = detect("cpuset", state_dir, root=root, cgroup_parent=cgroup_parent,
+        fallback = detect(asked or "cpuset", state_dir, root=root, cgroup_parent=cgroup_parent,
                           memory_migrate=memory_migrate, exclusive=exclusive, mounts=mounts)
-        enforcer = ScxEnforcer(fallback)
+        enforcer = ScxEnforcer(fallback, supervisor=supervisor, fallback_asked=asked is not None)
     elif mode == "cpuset":
         mount = find_cpuset_mount(mounts) if root else None
         if not root:

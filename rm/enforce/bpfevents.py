@@ -26,6 +26,7 @@ from .procevents import ProcEvent
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bpf")
 OBJECT = os.path.join(HERE, "procevents.bpf.o")
 LIBRARY = os.path.join(HERE, "libcod_procevents.so")
+KERNEL_BTF = "/sys/kernel/btf/vmlinux"
 
 # struct cod_pe_event (bpf/procevents.h)
 EVENT = struct.Struct("=IIIIIiQ16s")
@@ -54,6 +55,21 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
+def _tracepoint_btf_note(btf: str = KERNEL_BTF) -> str:
+    """Why a tp_btf program cannot attach where the kernel's BTF has no tracepoint types: libbpf
+    finds each tracepoint by its ``btf_trace_*`` type and answers ESRCH ("No such process") when
+    it is missing, which the kernel's BTF is without CONFIG_BPF_EVENTS."""
+    try:
+        with open(btf, "rb") as f:
+            types = f.read()
+    except OSError:
+        return f" ({btf} is missing: this kernel has no BTF, CONFIG_DEBUG_INFO_BTF)"
+    if b"btf_trace_sched_process_fork" in types:
+        return ""
+    return (f" (the kernel's BTF has no tracepoint types such as btf_trace_sched_process_fork: it was built without "
+            "CONFIG_BPF_EVENTS, which needs CONFIG_KPROBE_EVENTS or CONFIG_UPROBE_EVENTS)")
+
+
 def parse_events(raw: bytes) -> list[ProcEvent]:
     """Decode a batch of ``struct cod_pe_event`` (no I/O, testable with bytes)."""
     events = []
@@ -77,7 +93,8 @@ class BpfSource:
         err = ctypes.create_string_buffer(512)
         handle = self._lib.cod_pe_open(OBJECT.encode(), err, len(err))
         if not handle:
-            raise EnforceError(err.value.decode(errors="replace") or "the BPF programs did not load")
+            why = err.value.decode(errors="replace") or "the BPF programs did not load"
+            raise EnforceError(why + _tracepoint_btf_note())
         self._pe: int | None = handle
         self._fd = self._lib.cod_pe_fd(handle)
         self._buf = ctypes.create_string_buffer(EVENT.size * BATCH)

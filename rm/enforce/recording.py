@@ -38,7 +38,17 @@ def check_task_name(task: str) -> str:
     return task
 
 
-class RecordingEnforcer:
+class SteadyMechanism:
+    """A backend whose mechanism cannot go away under it (unlike sched_ext's scheduler)."""
+
+    def check(self) -> bool:
+        return False
+
+    def degraded(self) -> str | None:
+        return None
+
+
+class RecordingEnforcer(SteadyMechanism):
     """Shared part of the real backends: the record of original affinity."""
 
     name = "abstract"

@@ -12,7 +12,9 @@ enforced (cpuset mode binds memory).
 When the scheduler is absent at the start, or goes away (its loader killed or stopped, the
 kernel's watchdog or SysRq-S ejecting it), `check()` (the RM calls it every live-state
 period) hands every task to the fallback enforcer (cpuset, else affinity) and logs it; when
-it comes back, the tasks return to it.  `describe()` says which is in force.
+it comes back, the tasks return to it.  `describe()` says which is in force, `degraded()` says
+so as a warning while the fallback holds the tasks.  Where the daemon started the loader
+(`supervisor`, cod.rm.enforce.scxsupervisor), `check()` has it restarted.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ..names import other_pid
 from .errors import EnforceError
 from .recording import check_task_name
 from .scxmaps import MAX_GROUPS, PIN_DIR, ScxMaps, scheduler_state
+from .scxsupervisor import ScxSupervisor
 
 log = logging.getLogger("cod.rm.enforce")
 
@@ -43,8 +46,11 @@ def others_cpus(all_cpus: Sequence[int], tasks: Mapping[str, Sequence[int]]) -> 
 class ScxEnforcer:
     name = "sched_ext"
 
-    def __init__(self, fallback, pin_dir: str = PIN_DIR, sched_ext: str | None = None) -> None:
+    def __init__(self, fallback, pin_dir: str = PIN_DIR, sched_ext: str | None = None, *,
+                 supervisor: ScxSupervisor | None = None, fallback_asked: bool = True) -> None:
         self.fallback = fallback
+        self.supervisor = supervisor
+        self.fallback_asked = fallback_asked  # --enforce sched_ext,cpuset: the fallback is no surprise
         self.pin_dir = pin_dir
         self._state_args = () if sched_ext is None else (sched_ext,)
         self.maps: ScxMaps | None = None
@@ -64,9 +70,29 @@ class ScxEnforcer:
             return f"sched_ext (scheduler scx_cod, maps in {self.pin_dir}; memory nodes not bound)"
         return f"sched_ext unavailable ({self.why_not}): fallback {self.fallback.describe()}"
 
+    def degraded(self) -> str | None:
+        """While the fallback holds the tasks: the warning for get_topology, :status and the log."""
+        if self.active:
+            return None
+        gave_up = self.supervisor.gave_up if self.supervisor is not None else None
+        restarting = "; the daemon is restarting scx_cod" if self.supervisor is not None and not gave_up else ""
+        return (f"sched_ext is not in force ({gave_up or self.why_not}): the tasks are enforced by "
+                f"{self.fallback.describe()}{restarting}")
+
+    def moving(self, task: str) -> bool:
+        # Pages move only under the fallback (the scheduler does not bind memory).
+        return False if self.active else self.fallback.moving(task)
+
     def check(self) -> bool:
-        """Follow the scheduler: hand the tasks to the fallback when it went away, take them
-        back when it came.  True when the mechanism in force changed."""
+        """Follow the scheduler: hand the tasks to the fallback when it went away (and have the
+        daemon's loader restarted), take them back when it came.  True when the mechanism in
+        force changed."""
+        changed = self._follow()
+        if not self.active and self.supervisor is not None:
+            self.supervisor.restart()
+        return changed
+
+    def _follow(self) -> bool:
         why = scheduler_state(*self._state_args)
         if why is None and not self.active:
             try:
@@ -80,6 +106,8 @@ class ScxEnforcer:
             was_active = self.active
             self.why_not = why
             if was_active:
+                if self.supervisor is not None:
+                    self.why_not = f"{why}; {self.supervisor.exited()}"
                 self._to_fallback()
                 return True
         return False
@@ -98,8 +126,9 @@ class ScxEnforcer:
         if self.maps is not None:
             self.maps.close()
         self.maps = None
-        log.warning("enforcement: %s; falling back to %s for %d task(s)", self.why_not,
-                    self.fallback.describe(), len(self.tasks))
+        (log.warning if self.fallback_asked else log.error)(
+            "enforcement: %s; falling back to %s for %d task(s)", self.why_not, self.fallback.describe(),
+            len(self.tasks))
         for task, (pids, cpus, mems) in self.tasks.items():
             try:
                 self.fallback.apply(task, pids, cpus, mems)
@@ -229,4 +258,6 @@ class ScxEnforcer:
             self.maps.set_group_cpus(0, self.all_cpus)
             self.maps.close()
             self.maps = None
+        if self.supervisor is not None:
+            self.supervisor.stop()  # after the maps: the kernel then reports sched_ext disabled
         self.fallback.close()

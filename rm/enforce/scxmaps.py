@@ -33,19 +33,31 @@ STATS = ("direct", "queued", "unbound", "inherited", "moved", "exempt")
 MAPS = ("group_cpus", "tgid_group", "cgroup_group", "stats")
 
 
-def scheduler_state(sched_ext: str = SCHED_EXT) -> str | None:
-    """None when the scheduler ``cod`` runs; else why not (for the log and get_topology)."""
+def read_state(sched_ext: str = SCHED_EXT) -> tuple[str | None, str | None]:
+    """The kernel's sched_ext state (None: no sched_ext in this kernel) and the running
+    scheduler's name (None: none, or it has none)."""
     try:
         with open(os.path.join(sched_ext, "state")) as f:
             state = f.read().strip()
     except OSError:
+        return None, None
+    if state != "enabled":
+        return state, None
+    try:
+        with open(os.path.join(sched_ext, "root", "ops")) as f:
+            return state, f.read().strip()
+    except OSError:
+        return state, None
+
+
+def scheduler_state(sched_ext: str = SCHED_EXT) -> str | None:
+    """None when the scheduler ``cod`` runs; else why not (for the log and get_topology)."""
+    state, ops = read_state(sched_ext)
+    if state is None:
         return "this kernel has no sched_ext (CONFIG_SCHED_CLASS_EXT)"
     if state != "enabled":
         return f"no sched_ext scheduler is running (state: {state})"
-    try:
-        with open(os.path.join(sched_ext, "root", "ops")) as f:
-            ops = f.read().strip()
-    except OSError:
+    if ops is None:
         return "the running sched_ext scheduler has no name"
     return None if ops == OPS_NAME else f"the running sched_ext scheduler is {ops!r}, not {OPS_NAME!r}"
 

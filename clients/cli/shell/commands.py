@@ -205,6 +205,26 @@ def cmd_procedures(shell: "Shell", cmd: Command) -> None:
     shell.emit(cmd, {**result, "library": library}, lambda: render.procedures_view(result, library))
 
 
+@command("status", "", "what the shell talks to: the daemon, its enforcement (and a warning when it is degraded)")
+def cmd_status(shell: "Shell", cmd: Command) -> None:
+    _no_args(cmd)
+    info = shell.backend.info()
+    if info["mode"] != "daemon":
+        status = {"mode": info["mode"], "machine": info["machine"], "source": info.get("source")}
+        shell.emit(cmd, status, [Text(f"No daemon: this shell runs its own SKB on "
+                                      f"{info.get('source') or 'machine ' + str(info['machine'])}; "
+                                      "nothing is enforced.")])
+        return
+    enforcement = shell.backend.call("get_topology", {})["enforcement"]
+    status = {"mode": "daemon", "socket": info["socket"], "app": info["app"], "server": info["server"],
+              "machine": info["machine"], "enforcement": enforcement}
+    lines = [Text(f"Daemon {info['server']} on {info['socket']}, machine {info['machine']}, app {info['app']}."),
+             Text(f"Enforcement {enforcement['mode']}: {enforcement['in_force']}.")]
+    if "warning" in enforcement:
+        lines.append(Text(f"Warning: {enforcement['warning']}", style="bold yellow"))
+    shell.emit(cmd, status, lines)
+
+
 @command("machine", "", "the machine's topology as the SKB holds it")
 def cmd_machine(shell: "Shell", cmd: Command) -> None:
     _no_args(cmd)

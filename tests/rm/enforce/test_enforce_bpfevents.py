@@ -112,3 +112,20 @@ def test_no_event_lost_in_a_burst_of_forks(kind):
             assert len({e.pid for e in events if e.kind == what and e.pid in children}) == FORKS, what
     finally:
         src.close()
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "this kernel has no BTF"),
+    (b"\x9f\xeb\x01\x00 task_struct btf_trace_sched_process_exit", "built without CONFIG_BPF_EVENTS"),
+    (b"\x9f\xeb\x01\x00 task_struct btf_trace_sched_process_fork btf_trace_task_rename", ""),
+])
+def test_a_kernel_without_tracepoint_btf_is_named(tmp_path, content, says):
+    # The scx guest's kernel refused the programs with ESRCH ("No such process"): libbpf looks each
+    # tracepoint up by its btf_trace_* type, which that kernel's BTF lacked (issue 48).
+    from cod.rm.enforce.bpfevents import _tracepoint_btf_note
+
+    btf = tmp_path / "vmlinux"
+    if content is not None:
+        btf.write_bytes(content)
+    note = _tracepoint_btf_note(str(btf))
+    assert (note == "") if not says else (says in note)

@@ -282,3 +282,25 @@ def test_tasks_show_the_live_state_of_an_enforcing_daemon(tmp_path: Path) -> Non
         proc.kill()
         proc.wait()
         d.stop()
+
+
+@pytest.mark.parametrize("mode, warns", [("affinity", False), ("sched_ext,affinity", True)])
+def test_status_names_the_enforcement_and_warns_when_it_is_not_the_one_asked_for(tmp_path: Path, mode, warns) -> None:
+    """`:status` (issue 48): a daemon asked for sched_ext,affinity on a kernel without sched_ext
+    serves on affinity, and says so as a warning; plain affinity is what was asked for."""
+    if warns and os.path.exists("/sys/kernel/sched_ext"):
+        pytest.skip("this kernel has sched_ext: scx_cod may run here")
+    d = start_daemon(tmp_path, "--enforce", mode, "--no-busy-detect", "--state-dir", str(tmp_path / "state"))
+    try:
+        text = run_shell("--socket", str(d.path), "-c", ":status")
+        assert text.returncode == 0, text.stderr
+        assert f"on {d.path}" in text.stdout and "Enforcement " in text.stdout
+        assert ("Warning: sched_ext is not in force" in text.stdout) == warns, text.stdout
+        r = run_shell("--socket", str(d.path), "--format", "json", "-c", ":status")
+        (status,) = json_lines(r.stdout)
+        enforcement = status["result"]["enforcement"]
+        assert enforcement["mode"] == mode.partition(",")[0] and ("warning" in enforcement) == warns, enforcement
+    finally:
+        d.stop()
+    embedded = run_shell("--machine", "magnycours", "-c", ":status")
+    assert embedded.returncode == 0 and "No daemon: this shell runs its own SKB" in embedded.stdout, embedded
