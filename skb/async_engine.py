@@ -336,6 +336,10 @@ class AsyncSKB:
             # A write's future outlives the wait: it is how its caller learns the true outcome.
             return await asyncio.wait_for(asyncio.shield(fut) if op.journal else fut, wait)
         except TimeoutError:
+            if fut.done() and not fut.cancelled():
+                # The answer came in the same turn of the loop as the time-out: it is the outcome
+                # (a write reported as timed out here was applied, and its retry learnt a failure).
+                return fut.result()
             # The request stays known (a read's late reply is dropped); check the engine is alive.
             asyncio.get_running_loop().create_task(self._health_check())
             if op.journal and not fut.done():
